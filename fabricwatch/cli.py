@@ -1,0 +1,3 @@
+"""The `fabricwatch` command line."""
+def main() -> None:
+    print("fabricwatch")

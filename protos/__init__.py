@@ -1,0 +1,1 @@
+"""Generated protobuf modules (fabricwatch.v1); see protos/v1/*.proto."""

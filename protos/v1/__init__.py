@@ -1,0 +1,1 @@
+"""fabricwatch.v1 wire format. The *_pb2 modules are generated at install time."""
