@@ -10,7 +10,7 @@ in a scalable unit goes to leaf r of that unit; every leaf goes to every spine).
 (4, 32, 18)
 >>> nic = topo.nic("node-0003", "mlx5_2/1")
 >>> nic.switch, nic.switch_port, nic.rail
-('leaf-u1-r2', 'Ethernet2', 2)
+('leaf-u1-r2', 'Ethernet0', 2)
 >>> topo.peer_of("leaf-u1-r2", "Ethernet0").node
 'node-0003'
 """
