@@ -51,7 +51,7 @@ GPU_BUSY_UTILIZATION_PCT = 20.0
 # Below this fraction of nominal speed a downgrade is critical (the link carries half or less).
 CRITICAL_SPEED_FRACTION = 0.5
 # Fleet consensus needs this many NIC ports seen before it overrides the configured default.
-MIN_PORTS_FOR_CONSENSUS = 16
+MIN_PORTS_FOR_CONSENSUS = 8
 ACTIVE_STATE = "4"  # sysfs `state` "4: ACTIVE"
 
 
@@ -106,6 +106,7 @@ class LinkDowngradeDetector:
         speed_mbps = frame.gauge("netdev_speed_mbps")
         width, width_max = frame.gauge("pcie_width_current"), frame.gauge("pcie_width_max")
         gen, gen_max = frame.gauge("pcie_gen_current"), frame.gauge("pcie_gen_max")
+        self._fleet_rates.update(r for r in rates if r and _parse(r) is not None)
         for i, entity_id in enumerate(frame.ids):
             device, _, port = entity_id.partition("/")
             entity = EntityRef(cluster=view.cluster, node=view.source, device=device, port=port)
@@ -113,8 +114,6 @@ class LinkDowngradeDetector:
             pcie = Finding("pcie_downgrade", OPEN, entity, detector=DETECTOR)
             checked.update((link.dedup_key, pcie.dedup_key))
             current = _parse(rates[i])
-            if current is not None and rates[i]:
-                self._fleet_rates[rates[i]] += 1
             if states[i].startswith(ACTIVE_STATE) and current is not None:
                 nominal = self._nominal_nic(view.source, entity_id)
                 slower = current.gbps < nominal.gbps
