@@ -1,0 +1,173 @@
+"""Ship snapshots to the ingest gateway: batched, acked, buffered across outages.
+
+Collectors `submit()` snapshots and never wait. A background task streams them in
+batches over one bidirectional gRPC stream; a batch stays buffered until the gateway acks
+it, and after a broken stream every unacked batch is resent first, in order. The buffer is
+bounded: past `max_buffered` snapshots the oldest are dropped and counted. Reconnects back
+off exponentially with jitter.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+from collections import Counter, deque
+from dataclasses import dataclass
+
+import grpc
+
+from fabricwatch.protos.v1 import telemetry_pb2 as pb
+from fabricwatch.protos.v1 import telemetry_pb2_grpc as pb_grpc
+
+log = logging.getLogger("fabricwatch.sender")
+
+
+@dataclass(frozen=True)
+class SenderConfig:
+    target: str = "127.0.0.1:50051"
+    token: str = ""
+    root_cert_path: str = ""          # PEM of the gateway's CA; empty = plaintext (loopback only)
+    server_name_override: str = ""    # TLS name check override (self-signed local certs)
+    max_batch: int = 64               # snapshots per batch
+    max_in_flight: int = 8            # unacked batches on the wire (backpressure)
+    max_buffered: int = 100_000       # snapshots kept across an outage before dropping the oldest
+    backoff_initial_s: float = 0.2
+    backoff_max_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch", "max_in_flight", "max_buffered"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if not 0 < self.backoff_initial_s <= self.backoff_max_s:
+            raise ValueError("need 0 < backoff_initial_s <= backoff_max_s")
+
+
+def open_channel(config: SenderConfig) -> grpc.aio.Channel:
+    options = [("grpc.max_send_message_length", 16 * 1024 * 1024)]
+    if config.server_name_override:
+        options.append(("grpc.ssl_target_name_override", config.server_name_override))
+    if config.root_cert_path:
+        with open(config.root_cert_path, "rb") as fh:
+            creds = grpc.ssl_channel_credentials(root_certificates=fh.read())
+        return grpc.aio.secure_channel(config.target, creds, options=options)
+    return grpc.aio.insecure_channel(config.target, options=options)
+
+
+class GatewaySender:
+    def __init__(self, config: SenderConfig) -> None:
+        self.config = config
+        self._pending: deque[pb.Snapshot] = deque()
+        self._in_flight: dict[int, list[pb.Snapshot]] = {}
+        self._batch_ids = itertools.count(1)
+        self._wakeup = asyncio.Event()
+        self._drained = asyncio.Event()
+        self.stats: Counter[str] = Counter()
+        self.last_ack: pb.IngestAck | None = None
+
+    # -- producer side --------------------------------------------------------------------
+    def submit(self, snapshot: pb.Snapshot) -> None:
+        """Queue a snapshot; never blocks. Drops (and counts) the oldest when full."""
+        self._pending.append(snapshot)
+        self.stats["submitted"] += 1
+        overflow = len(self._pending) + sum(map(len, self._in_flight.values())) - self.config.max_buffered
+        for _ in range(max(0, overflow)):
+            if not self._pending:
+                break
+            self._pending.popleft()
+            self.stats["dropped_buffer_full"] += 1
+        self._drained.clear()
+        self._wakeup.set()
+
+    @property
+    def buffered(self) -> int:
+        return len(self._pending) + sum(map(len, self._in_flight.values()))
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait until everything submitted so far is acked; False on timeout."""
+        if self.buffered == 0:
+            return True
+        try:
+            await asyncio.wait_for(self._drained.wait(), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    # -- connection loop --------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        backoff = self.config.backoff_initial_s
+        while not stop.is_set():
+            try:
+                await self._one_stream(stop)
+                backoff = self.config.backoff_initial_s
+            except (grpc.aio.AioRpcError, ConnectionError, OSError) as exc:
+                self.stats["stream_errors"] += 1
+                code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
+                if code == grpc.StatusCode.UNAUTHENTICATED:
+                    log.error("gateway refused our token: %s", exc.details())
+                else:
+                    log.warning("gateway stream broke (%s); %d snapshots buffered", code or exc, self.buffered)
+            self._requeue_in_flight()
+            if stop.is_set():
+                break
+            delay = random.uniform(0.5, 1.0) * backoff  # jitter: collectors must not reconnect in lockstep
+            backoff = min(backoff * 2, self.config.backoff_max_s)
+            try:
+                await asyncio.wait_for(stop.wait(), delay)
+            except asyncio.TimeoutError:
+                pass
+            self.stats["reconnects"] += 1
+
+    def _requeue_in_flight(self) -> None:
+        for batch_id in sorted(self._in_flight, reverse=True):
+            self._pending.extendleft(reversed(self._in_flight.pop(batch_id)))
+
+    async def _one_stream(self, stop: asyncio.Event) -> None:
+        metadata = (("authorization", f"Bearer {self.config.token}"),) if self.config.token else ()
+        async with open_channel(self.config) as channel:
+            call = pb_grpc.IngestStub(channel).Stream(metadata=metadata)
+            room = asyncio.Semaphore(self.config.max_in_flight)
+            reader = asyncio.create_task(self._read_acks(call, room))
+            try:
+                while not stop.is_set():
+                    if reader.done():
+                        reader.result()  # re-raise the stream error
+                        return
+                    if not self._pending:
+                        self._wakeup.clear()
+                        waiter = asyncio.create_task(self._wakeup.wait())
+                        stopper = asyncio.create_task(stop.wait())
+                        await asyncio.wait({waiter, stopper, reader}, return_when=asyncio.FIRST_COMPLETED)
+                        waiter.cancel()
+                        stopper.cancel()
+                        continue
+                    await room.acquire()
+                    batch = [self._pending.popleft() for _ in range(min(self.config.max_batch, len(self._pending)))]
+                    if not batch:
+                        room.release()
+                        continue
+                    batch_id = next(self._batch_ids)
+                    self._in_flight[batch_id] = batch
+                    await call.write(pb.IngestBatch(batch_id=batch_id, snapshots=batch))
+                    self.stats["batches_sent"] += 1
+                # stopping: let the acks of what is on the wire arrive, then close
+                await call.done_writing()
+                await asyncio.wait_for(reader, timeout=5)
+            finally:
+                reader.cancel()
+
+    async def _read_acks(self, call, room: asyncio.Semaphore) -> None:
+        async for ack in call:
+            batch = self._in_flight.pop(ack.batch_id, None)
+            if batch is None:
+                continue
+            room.release()
+            self.last_ack = ack
+            self.stats["accepted"] += ack.accepted
+            self.stats["rejected"] += ack.rejected
+            self.stats["dropped_parts"] += ack.dropped_parts
+            if ack.rejected:
+                log.warning("gateway rejected %d snapshots: %s", ack.rejected,
+                            "; ".join(f"{r.reason}: {r.detail}" for r in ack.rejections[:3]))
+            if self.buffered == 0:
+                self._drained.set()

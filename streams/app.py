@@ -1,0 +1,42 @@
+"""The Faust application of the worker: only the App, its topics and settings.
+
+Agents live in `streams/agents.py`; the logic they call lives in plain classes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import faust
+
+from . import topics
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    bootstrap: str = "127.0.0.1:9092"
+    app_id: str = "fabricwatch-worker"       # the Kafka consumer group: workers with one id share partitions
+    telemetry_partitions: int = 12
+    web_port: int = 6066
+    ready_file: str = ""                     # touched once the first rebalance completes
+
+
+def build_app(settings: WorkerSettings) -> faust.App:
+    app = faust.App(
+        settings.app_id,
+        broker=f"kafka://{settings.bootstrap}",
+        store="memory://",
+        processing_guarantee="at_least_once",
+        topic_partitions=settings.telemetry_partitions,
+        topic_allow_declare=False,           # topics are created by streams.topics with explicit specs
+        web_enabled=False,
+        web_host="127.0.0.1",
+        web_port=settings.web_port,
+        consumer_auto_offset_reset="earliest",
+        broker_commit_every=1000,
+        broker_commit_interval=1.0,
+    )
+    app.telemetry_topic = app.topic(topics.TELEMETRY, key_type=bytes, value_type=bytes,
+                                    key_serializer="raw", value_serializer="raw")
+    app.anomalies_topic = app.topic(topics.ANOMALIES, key_type=bytes, value_type=bytes,
+                                    key_serializer="raw", value_serializer="raw")
+    return app

@@ -1,0 +1,208 @@
+"""Ingest gateway: collectors stream snapshots over gRPC; valid ones go to Kafka.
+
+Each snapshot is validated (`streams.validate`); its node/switch counters go to the
+telemetry topic keyed by source (all samples of an entity land in one partition, in
+order) and its rank steps to the rank-steps topic keyed by job (a job's ranks meet in
+one partition). A batch is acked only after Kafka has accepted every record of it, so a
+collector that loses its stream resends the unacked batches and nothing valid is lost.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import grpc
+
+from fabricwatch.protos.v1 import telemetry_pb2 as pb
+from fabricwatch.protos.v1 import telemetry_pb2_grpc as pb_grpc
+
+from . import topics
+from .auth import Collector, TokenAuth
+from .validate import validate_snapshot
+
+log = logging.getLogger("fabricwatch.gateway")
+MAX_REJECTIONS_IN_ACK = 20
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+class RecordSink(Protocol):
+    async def write(self, records: list[tuple[str, bytes, bytes]]) -> None:
+        """Durably write (topic, key, value) records, raising if any could not be written."""
+
+
+class KafkaSink:
+    """Writes records with aiokafka and waits for every delivery."""
+
+    def __init__(self, bootstrap: str) -> None:
+        from aiokafka import AIOKafkaProducer
+
+        self.producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            acks="all",
+            linger_ms=5,
+            max_request_size=MAX_MESSAGE_BYTES,
+            enable_idempotence=True,
+        )
+
+    async def start(self) -> None:
+        await self.producer.start()
+
+    async def stop(self) -> None:
+        await self.producer.stop()
+
+    async def write(self, records: list[tuple[str, bytes, bytes]]) -> None:
+        futures = [await self.producer.send(topic, value=value, key=key) for topic, key, value in records]
+        await asyncio.gather(*futures)
+
+
+@dataclass
+class GatewayStats:
+    accepted: int = 0
+    rejected: int = 0
+    problems: Counter = field(default_factory=Counter)
+    unauthenticated_streams: int = 0
+
+
+class IngestService(pb_grpc.IngestServicer):
+    def __init__(self, sink: RecordSink, auth: TokenAuth | None = None, cluster: str = "") -> None:
+        self.sink = sink
+        self.auth = auth
+        self.cluster = cluster
+        self.stats = GatewayStats()
+
+    def _identify(self, context: grpc.aio.ServicerContext) -> Collector | None:
+        if self.auth is None:
+            return None
+        metadata = dict(context.invocation_metadata() or ())
+        header = metadata.get("authorization", "")
+        token = header[7:] if header.lower().startswith("bearer ") else ""
+        return self.auth.identify(token)
+
+    async def _refuse(self, context) -> None:
+        self.stats.unauthenticated_streams += 1
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or unknown collector token")
+
+    async def Stream(self, request_iterator: AsyncIterator[pb.IngestBatch], context) -> AsyncIterator[pb.IngestAck]:
+        collector = self._identify(context)
+        if self.auth is not None and collector is None:
+            await self._refuse(context)
+            return
+        async for batch in request_iterator:
+            yield await self.ingest(batch, collector)
+
+    async def Send(self, request: pb.IngestBatch, context) -> pb.IngestAck:
+        collector = self._identify(context)
+        if self.auth is not None and collector is None:
+            await self._refuse(context)
+        return await self.ingest(request, collector)
+
+    async def ingest(self, batch: pb.IngestBatch, collector: Collector | None) -> pb.IngestAck:
+        ack = pb.IngestAck(batch_id=batch.batch_id)
+        records: list[tuple[str, bytes, bytes]] = []
+        now_ns = time.time_ns()
+        for index, snap in enumerate(batch.snapshots):
+            if collector is not None and not collector.may_report(snap.source):
+                verdict_ok, problems = False, [("source_not_allowed",
+                                                f"collector {collector.name!r} may not report for {snap.source!r}")]
+            else:
+                if not snap.cluster and self.cluster:
+                    snap.cluster = self.cluster
+                verdict = validate_snapshot(snap, now_ns)
+                verdict_ok, problems = verdict.accepted, verdict.problems
+            for reason, detail in problems:
+                ack.problems_by_reason[reason] += 1
+                self.stats.problems[reason] += 1
+                if len(ack.rejections) < MAX_REJECTIONS_IN_ACK:
+                    ack.rejections.add(index=index, reason=reason, detail=detail)
+            if not verdict_ok:
+                ack.rejected += 1
+                continue
+            ack.accepted += 1
+            ack.dropped_parts += len(problems)
+            records.extend(split_records(snap))
+        if records:
+            await self.sink.write(records)  # raises -> the batch is not acked -> resent
+        self.stats.accepted += ack.accepted
+        self.stats.rejected += ack.rejected
+        if ack.rejected or ack.dropped_parts:
+            log.warning("batch %d: %d accepted, %d rejected, problems %s", batch.batch_id, ack.accepted,
+                        ack.rejected, dict(ack.problems_by_reason))
+        return ack
+
+
+def split_records(snap: pb.Snapshot) -> list[tuple[str, bytes, bytes]]:
+    """A snapshot's counters keyed by source; its rank steps grouped and keyed by job."""
+    records = []
+    rank_steps = list(snap.rank_steps)
+    if rank_steps:
+        del snap.rank_steps[:]
+    if snap.blocks or snap.events:
+        records.append((topics.TELEMETRY, snap.source.encode(), snap.SerializeToString()))
+    by_job: dict[str, list[pb.RankStep]] = {}
+    for rs in rank_steps:
+        by_job.setdefault(rs.job_id, []).append(rs)
+    for job_id, steps in by_job.items():
+        carrier = pb.Snapshot(cluster=snap.cluster, source=snap.source, source_kind=snap.source_kind,
+                              time_unix_ns=snap.time_unix_ns, seq=snap.seq, rank_steps=steps)
+        records.append((topics.RANK_STEPS, job_id.encode(), carrier.SerializeToString()))
+    return records
+
+
+def server_credentials(cert_path: str, key_path: str, client_ca_path: str | None = None) -> grpc.ServerCredentials:
+    with open(key_path, "rb") as fh:
+        key = fh.read()
+    with open(cert_path, "rb") as fh:
+        cert = fh.read()
+    client_ca = None
+    if client_ca_path:
+        with open(client_ca_path, "rb") as fh:
+            client_ca = fh.read()
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca,
+                                       require_client_auth=client_ca is not None)
+
+
+async def serve(
+    bootstrap: str,
+    listen: str = "127.0.0.1:50051",
+    *,
+    tls: tuple[str, str] | None = None,
+    client_ca: str | None = None,
+    auth: TokenAuth | None = None,
+    cluster: str = "",
+    ready: asyncio.Event | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run the gateway until `stop` is set (or forever)."""
+    await topics.ensure_topics(bootstrap, topics.ALL_TOPICS)
+    sink = KafkaSink(bootstrap)
+    await sink.start()
+    server = grpc.aio.server(options=[
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ])
+    service = IngestService(sink, auth, cluster)
+    pb_grpc.add_IngestServicer_to_server(service, server)
+    if tls:
+        port = server.add_secure_port(listen, server_credentials(tls[0], tls[1], client_ca))
+    else:
+        port = server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"cannot listen on {listen}")
+    await server.start()
+    log.info("gateway listening on %s (%s, %s), writing to %s", listen, "TLS" if tls else "plaintext",
+             "token auth" if auth else "no auth", bootstrap)
+    if ready is not None:
+        ready.set()
+    try:
+        if stop is None:
+            await server.wait_for_termination()
+        else:
+            await stop.wait()
+    finally:
+        await server.stop(grace=2)
+        await sink.stop()
