@@ -1,3 +1,210 @@
-"""The `fabricwatch` command line."""
-def main() -> None:
-    print("fabricwatch")
+"""The `fabricwatch` command line: one subcommand per process of the system.
+
+    fabricwatch up --simulate          local broker + gateway + worker + simulated cluster
+    fabricwatch gateway / worker       the two long-running services
+    fabricwatch simulate               a simulated cluster streaming to a gateway
+    fabricwatch replay                 the detectors over a recorded stream, offline
+    fabricwatch tail                   follow the anomalies topic
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+DEFAULT_STATE_DIR = Path(os.environ.get("FABRICWATCH_STATE", ".fabricwatch"))
+LOOPBACK_PREFIXES = ("127.", "localhost", "[::1]")
+
+
+def _load_topology(path: str | None):
+    if not path:
+        return None
+    from fabricwatch.models.topology import Topology
+
+    return Topology.load(path)
+
+
+def _detection_config(args):
+    from fabricwatch.streams.pipeline import DetectionConfig
+
+    return DetectionConfig(default_nic_rate=args.default_nic_rate)
+
+
+def cmd_gateway(args) -> int:
+    from fabricwatch.streams.auth import TokenAuth
+    from fabricwatch.streams.gateway import serve
+
+    loopback = args.listen.startswith(LOOPBACK_PREFIXES)
+    if not loopback and not (args.tls_cert and args.tls_key):
+        print(f"refusing to listen on {args.listen} without TLS: pass --tls-cert/--tls-key "
+              "(only loopback may be plaintext)", file=sys.stderr)
+        return 2
+    if not loopback and not args.tokens:
+        print(f"refusing to listen on {args.listen} without --tokens (per-collector tokens)", file=sys.stderr)
+        return 2
+    auth = TokenAuth.load(args.tokens) if args.tokens else None
+    tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
+    asyncio.run(serve(args.broker, args.listen, tls=tls, client_ca=args.client_ca, auth=auth, cluster=args.cluster))
+    return 0
+
+
+def cmd_worker(args) -> int:
+    from fabricwatch.streams.app import WorkerSettings
+    from fabricwatch.streams.worker import run_worker
+
+    settings = WorkerSettings(bootstrap=args.broker, app_id=args.app_id,
+                              ready_file=os.environ.get("FABRICWATCH_WORKER_READY_FILE", ""))
+    run_worker(settings, _detection_config(args), _load_topology(args.topology), loglevel=args.log_level)
+    return 0
+
+
+def cmd_simulate(args) -> int:
+    from fabricwatch.collectors.run_simulated import SimulationRun, run_simulation
+    from fabricwatch.collectors.sender import SenderConfig
+
+    sender = None
+    if args.gateway:
+        sender = SenderConfig(target=args.gateway, token=args.token or os.environ.get("FABRICWATCH_TOKEN", ""),
+                              root_cert_path=args.ca_cert or "", server_name_override="localhost" if args.ca_cert else "")
+    run = SimulationRun(nodes=args.nodes, seed=args.seed, interval_s=args.interval, duration_s=args.duration,
+                        realtime=not args.as_fast_as_possible, scenario=args.scenario,
+                        record_path=args.record, topology_out=args.topology_out)
+    stats = asyncio.run(run_simulation(run, sender))
+    print(" ".join(f"{k}={v}" for k, v in sorted(stats.items())), file=sys.stderr)
+    return 0
+
+
+def cmd_replay(args) -> int:
+    from fabricwatch.streams.pipeline import DetectionPipeline
+    from fabricwatch.streams.replay import replay_file
+
+    pipeline = DetectionPipeline(_detection_config(args), _load_topology(args.topology))
+    result = replay_file(args.input, args.output, pipeline)
+    print(f"{len(result.events)} anomaly events -> {args.output}; "
+          + " ".join(f"{k}={v}" for k, v in sorted(result.stats.items())), file=sys.stderr)
+    return 0
+
+
+def cmd_tail(args) -> int:
+    from fabricwatch.console import LiveView, follow_anomalies
+
+    view = LiveView("fabricwatch tail")
+    view.tty = False  # one line per event: pipe-friendly
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        await follow_anomalies(args.broker, view.add, stop, from_beginning=args.from_beginning)
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_up(args) -> int:
+    from fabricwatch.stack import LocalStack
+
+    return LocalStack(args).run()
+
+
+def cmd_kafka(args) -> int:
+    from fabricwatch.localkafka import LocalKafka
+
+    kafka = LocalKafka(port=args.port, state_dir=args.state_dir)
+    if args.action == "start":
+        print(kafka.start())
+    elif args.action == "stop":
+        kafka.stop()
+    else:
+        print("running" if kafka.is_running() else "stopped")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fabricwatch", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING (default), ERROR")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def detection_opts(sp):
+        sp.add_argument("--topology", help="topology YAML (docs/topology.md); default: fleet consensus")
+        sp.add_argument("--default-nic-rate", default="400 Gb/sec (4X NDR)",
+                        help="nominal sysfs rate of NIC ports absent from the topology")
+
+    sp = sub.add_parser("up", help="run the local stack and show anomalies live")
+    sp.add_argument("--broker", help="use this Kafka (host:port) instead of starting the embedded one")
+    sp.add_argument("--simulate", action="store_true", help="also run a simulated cluster with injected faults")
+    sp.add_argument("--nodes", type=int, default=64)
+    sp.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0 = until Ctrl-C)")
+    sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
+    sp.add_argument("--kafka-port", type=int, default=9092)
+    sp.add_argument("--gateway-listen", default="127.0.0.1:50051")
+    sp.add_argument("--seed", type=int, default=7)
+    sp.add_argument("--expect", default="", help="comma-separated anomaly kinds; exit 1 unless all were flagged")
+    detection_opts(sp)
+    sp.set_defaults(func=cmd_up)
+
+    sp = sub.add_parser("gateway", help="gRPC ingest gateway -> Kafka")
+    sp.add_argument("--broker", default="127.0.0.1:9092")
+    sp.add_argument("--listen", default="127.0.0.1:50051")
+    sp.add_argument("--tls-cert")
+    sp.add_argument("--tls-key")
+    sp.add_argument("--client-ca", help="require client certificates signed by this CA (mTLS)")
+    sp.add_argument("--tokens", help="collector tokens file (YAML, see streams/auth.py)")
+    sp.add_argument("--cluster", default="", help="cluster name for snapshots that carry none")
+    sp.set_defaults(func=cmd_gateway)
+
+    sp = sub.add_parser("worker", help="Faust worker: telemetry -> detectors -> anomalies")
+    sp.add_argument("--broker", default="127.0.0.1:9092")
+    sp.add_argument("--app-id", default="fabricwatch-worker", help="consumer group; workers sharing it share partitions")
+    detection_opts(sp)
+    sp.set_defaults(func=cmd_worker)
+
+    sp = sub.add_parser("simulate", help="stream a simulated cluster to a gateway (or record it)")
+    sp.add_argument("--gateway", help="host:port of the gateway; omit to only --record")
+    sp.add_argument("--token", help="collector token (or env FABRICWATCH_TOKEN)")
+    sp.add_argument("--ca-cert", help="PEM of the gateway's certificate/CA (TLS)")
+    sp.add_argument("--nodes", type=int, default=64)
+    sp.add_argument("--seed", type=int, default=7)
+    sp.add_argument("--interval", type=float, default=1.0, help="sampling interval in seconds")
+    sp.add_argument("--duration", type=float, default=60.0, help="simulated seconds (0 = forever)")
+    sp.add_argument("--scenario", default="demo", choices=["demo", "healthy"])
+    sp.add_argument("--record", help="also write every snapshot to this JSON Lines file")
+    sp.add_argument("--topology-out", help="write the simulated topology YAML here")
+    sp.add_argument("--as-fast-as-possible", action="store_true", help="do not pace ticks to the wall clock")
+    sp.set_defaults(func=cmd_simulate)
+
+    sp = sub.add_parser("replay", help="run the detectors over a recorded JSON Lines stream")
+    sp.add_argument("--input", required=True)
+    sp.add_argument("--output", required=True)
+    detection_opts(sp)
+    sp.set_defaults(func=cmd_replay)
+
+    sp = sub.add_parser("tail", help="follow the anomalies topic")
+    sp.add_argument("--broker", default="127.0.0.1:9092")
+    sp.add_argument("--from-beginning", action="store_true")
+    sp.set_defaults(func=cmd_tail)
+
+    sp = sub.add_parser("kafka", help="the embedded local Kafka broker")
+    sp.add_argument("action", choices=["start", "stop", "status"])
+    sp.add_argument("--port", type=int, default=9092)
+    sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
+    sp.set_defaults(func=cmd_kafka)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        sys.exit(args.func(args))
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
