@@ -1,0 +1,96 @@
+"""End to end on the real broker: collector -> gRPC -> gateway -> Kafka -> Faust worker -> anomalies.
+
+The worker runs as its own process (`fabricwatch worker`), exactly as deployed.
+"""
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from helpers import nic_snapshot
+
+from fabricwatch.collectors.sender import GatewaySender, SenderConfig
+from fabricwatch.protos.v1 import events_pb2 as ev
+from fabricwatch.protos.v1 import telemetry_pb2 as pb
+from fabricwatch.streams import topics
+from fabricwatch.streams.gateway import serve
+
+pytestmark = pytest.mark.kafka
+S = 10**9
+
+
+def start_worker(bootstrap, tmp_path: Path, app_id: str) -> subprocess.Popen:
+    ready = tmp_path / f"{app_id}.ready"
+    log = open(tmp_path / f"{app_id}.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "fabricwatch.cli", "worker", "--broker", bootstrap,
+                             "--app-id", app_id], stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "FABRICWATCH_WORKER_READY_FILE": str(ready)})
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        assert proc.poll() is None, (tmp_path / f"{app_id}.log").read_text()[-3000:]
+        assert time.monotonic() < deadline, "worker did not join its group in 120 s"
+        time.sleep(0.2)
+    return proc
+
+
+async def collect_anomalies(bootstrap, want, timeout_s, group):
+    consumer = AIOKafkaConsumer(topics.ANOMALIES, bootstrap_servers=bootstrap, group_id=group,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    found = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not want(found):
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                found += [(r.key, ev.AnomalyEvent.FromString(r.value)) for r in records]
+    finally:
+        await consumer.stop()
+    return found
+
+
+async def test_downgrade_flows_through_the_whole_pipeline(kafka_bootstrap, tmp_path, unused_tcp_port):
+    app_id = f"fw-test-{uuid.uuid4().hex[:8]}"
+    await topics.ensure_topics(kafka_bootstrap, topics.ALL_TOPICS)
+    worker = start_worker(kafka_bootstrap, tmp_path, app_id)
+    stop, ready = asyncio.Event(), asyncio.Event()
+    listen = f"127.0.0.1:{unused_tcp_port}"
+    gateway = asyncio.create_task(serve(kafka_bootstrap, listen, ready=ready, stop=stop, cluster="it"))
+    await asyncio.wait_for(ready.wait(), 60)
+    sender = GatewaySender(SenderConfig(target=listen))
+    sender_task = asyncio.create_task(sender.run(stop))
+    node = f"node-{uuid.uuid4().hex[:6]}"
+    try:
+        t0 = time.time_ns()
+        for i in range(6):
+            rates = {5: "200 Gb/sec (4X HDR)"} if 2 <= i <= 3 else {}
+            snap = nic_snapshot(source=node, t_ns=t0 + i * S, seq=i, rates=rates, cluster="")
+            if i == 1:
+                snap.blocks[0].entities[0].counters.append(1)   # malformed entity: dropped, rest kept
+            sender.submit(snap)
+        assert await sender.drain(30)
+        assert sender.stats["dropped_parts"] == 1
+
+        def done(found):
+            return any(e.lifecycle == ev.LIFECYCLE_RESOLVED and e.entity.node == node for _, e in found)
+
+        found = await collect_anomalies(kafka_bootstrap, done, 90, group=f"reader-{app_id}")
+        mine = [(k, e) for k, e in found if e.entity.node == node]
+        assert [(e.kind, e.lifecycle) for _, e in mine] == [("link_downgrade", ev.LIFECYCLE_OPEN),
+                                                            ("link_downgrade", ev.LIFECYCLE_RESOLVED)]
+        key, opened = mine[0]
+        assert key == opened.dedup_key.encode() == f"link_downgrade:it/{node}/mlx5_5/1".encode()
+        assert opened.entity.device == "mlx5_5" and opened.entity.cluster == "it"
+        assert opened.detected_unix_ns == t0 + 2 * S
+        assert {e.name for e in opened.evidence} >= {"rate_gbps", "lanes"}
+        assert "200 Gb/sec (4X HDR)" in opened.summary
+    finally:
+        stop.set()
+        await sender_task
+        await gateway
+        worker.terminate()
+        worker.wait(30)
