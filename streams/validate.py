@@ -13,6 +13,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 
 # Limits on one snapshot; a node has ~8 GPUs and ~8-16 NIC ports, a switch up to ~512 ports.
@@ -46,6 +48,7 @@ GAUGE_RANGES: dict[str, tuple[float, float]] = {
 MAX_STEP_SECONDS = 24 * 3600.0
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+=-]*$")
 _VALID_ENTITY_KINDS = {pb.ENTITY_KIND_GPU, pb.ENTITY_KIND_NIC_PORT, pb.ENTITY_KIND_SWITCH_PORT}
+_BOUNDS_CACHE: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
 _VALID_SOURCE_KINDS = {pb.SOURCE_KIND_NODE, pb.SOURCE_KIND_SWITCH}
 
 
@@ -107,7 +110,6 @@ def _validate_blocks(snap: pb.Snapshot, v: Verdict) -> None:
             v.problem("bad_column_names", f"{snap.source}: block with empty, overlong or repeated column names dropped")
             continue
         n_counters, n_gauges = len(block.counter_names), len(block.gauge_names)
-        ranges = [(j, GAUGE_RANGES[g]) for j, g in enumerate(block.gauge_names) if g in GAUGE_RANGES]
         keep_entities = []
         for entity in block.entities:
             key = (block.entity_kind, entity.id)
@@ -122,9 +124,10 @@ def _validate_blocks(snap: pb.Snapshot, v: Verdict) -> None:
                 v.problem("bad_gauge_count", f"{snap.source}/{entity.id}: {len(entity.gauges)} gauges "
                                              f"for {n_gauges} names")
                 continue
-            _clean_gauges(snap, block, entity, ranges, v)
             seen_ids.add(key)
             keep_entities.append(entity)
+        if n_gauges and keep_entities:
+            _clean_gauges(snap, block, keep_entities, v)
         if len(keep_entities) != len(block.entities):
             del block.entities[:]
             block.entities.extend(keep_entities)
@@ -137,17 +140,32 @@ def _validate_blocks(snap: pb.Snapshot, v: Verdict) -> None:
         snap.blocks.extend(kept)
 
 
-def _clean_gauges(snap, block, entity, ranges, v: Verdict) -> None:
-    for j, value in enumerate(entity.gauges):
+def _gauge_bounds(names) -> tuple[np.ndarray, np.ndarray]:
+    lo = np.array([GAUGE_RANGES.get(n, (-np.inf, np.inf))[0] for n in names], dtype=np.float64)
+    hi = np.array([GAUGE_RANGES.get(n, (-np.inf, np.inf))[1] for n in names], dtype=np.float64)
+    return lo, hi
+
+
+def _clean_gauges(snap, block, entities, v: Verdict) -> None:
+    """Clear infinite and out-of-range gauges to NaN; vectorised over the whole block."""
+    names = tuple(block.gauge_names)
+    bounds = _BOUNDS_CACHE.get(names)
+    if bounds is None:
+        bounds = _BOUNDS_CACHE[names] = _gauge_bounds(names)
+    lo, hi = bounds
+    values = np.array([e.gauges for e in entities], dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        bad = np.isinf(values) | (values < lo) | (values > hi)
+    if not bad.any():
+        return
+    for i, j in zip(*np.nonzero(bad)):
+        value = values[i, j]
+        entities[i].gauges[j] = math.nan
         if math.isinf(value):
-            entity.gauges[j] = math.nan
-            v.problem("non_finite_gauge", f"{snap.source}/{entity.id}: {block.gauge_names[j]} is infinite")
-    for j, (lo, hi) in ranges:
-        value = entity.gauges[j]
-        if not math.isnan(value) and not lo <= value <= hi:
-            entity.gauges[j] = math.nan
-            v.problem("gauge_out_of_range", f"{snap.source}/{entity.id}: {block.gauge_names[j]}={value:g} "
-                                            f"outside [{lo:g}, {hi:g}] (wrong unit?)")
+            v.problem("non_finite_gauge", f"{snap.source}/{entities[i].id}: {names[j]} is infinite")
+        else:
+            v.problem("gauge_out_of_range", f"{snap.source}/{entities[i].id}: {names[j]}={value:g} "
+                                            f"outside [{lo[j]:g}, {hi[j]:g}] (wrong unit?)")
 
 
 def _validate_rank_steps(snap: pb.Snapshot, v: Verdict) -> None:
