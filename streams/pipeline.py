@@ -9,7 +9,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 from fabricwatch.models.findings import Finding
+from fabricwatch.models.gpu_faults import GpuFaultDetector
 from fabricwatch.models.link_downgrade import LinkDowngradeDetector
+from fabricwatch.models.link_flap import LinkFlapDetector
 from fabricwatch.models.rates import RateTracker
 from fabricwatch.models.topology import DEFAULT_NIC_RATE, Topology
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
@@ -32,6 +34,8 @@ class DetectionPipeline:
         self.rates = RateTracker()
         self.detectors = [
             LinkDowngradeDetector(topology, self.config.default_nic_rate, self.config.gpu_busy_utilization_pct),
+            LinkFlapDetector(),
+            GpuFaultDetector(),
         ]
         self._last_time_ns: dict[str, int] = {}
         self.stats: Counter[str] = Counter()
