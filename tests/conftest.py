@@ -1,0 +1,57 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+# ---------------------------------------------------------------------- local Kafka
+# Only tests that request `kafka_bootstrap` start a broker (once per session; a cold
+# start fetches the jars with Maven first). Mark such tests `@pytest.mark.kafka` so that
+# `-m "not kafka"` skips them on a machine without Java.
+#
+#   FABRICWATCH_TEST_BROKER=host:port   use that broker instead of starting one
+#   FABRICWATCH_TEST_KAFKA_PORT=N        start the local broker on N (controller N+1)
+
+_FIRST_TEST_PORT = 19092
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port_pair(first: int = _FIRST_TEST_PORT, tries: int = 50) -> int:
+    """A port N with N and N+1 free on 127.0.0.1, from `first` up, below the ephemeral range."""
+    for port in range(first, first + 2 * tries, 2):
+        if _port_free(port) and _port_free(port + 1):
+            return port
+    raise RuntimeError(f"no free port pair in {first}..{first + 2 * tries}")
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Bootstrap address of a Kafka broker for the whole test session."""
+    from fabricwatch.localkafka import LocalKafka, wait_for_broker_blocking
+
+    external = os.environ.get("FABRICWATCH_TEST_BROKER")
+    if external:
+        wait_for_broker_blocking(external, timeout_s=60)
+        yield external
+        return
+
+    port = int(os.environ.get("FABRICWATCH_TEST_KAFKA_PORT") or _free_port_pair())
+    kafka = LocalKafka(port=port, state_dir=tmp_path_factory.mktemp("kafka-state"))
+    bootstrap = kafka.start()
+    try:
+        yield bootstrap
+    finally:
+        kafka.stop()
