@@ -48,21 +48,24 @@ async def run_simulation(run: SimulationRun, sender_config: SenderConfig | None)
     sender_task = asyncio.create_task(sender.run(stop)) if sender else None
     record = open(run.record_path, "w", encoding="utf-8") if run.record_path else None
     ticks = int(run.duration_s / run.interval_s) if run.duration_s else None
-    t0 = time.monotonic()
     try:
         i = 0
         while ticks is None or i < ticks:
-            for snap in sim.tick():
+            snapshots = sim.tick()
+            if run.realtime:
+                # A tick is stamped at the end of its interval: send it when that moment comes,
+                # so event time never runs ahead of the wall clock.
+                due_ns = sim.start_unix_ns + int((i + 1) * run.interval_s * 1e9)
+                await asyncio.sleep(max(0.0, (due_ns - time.time_ns()) / 1e9))
+            else:
+                await asyncio.sleep(0)
+            for snap in snapshots:
                 stats["snapshots"] += 1
                 if sender:
                     sender.submit(snap)
                 if record:
                     record.write(snapshot_to_json(snap) + "\n")
             i += 1
-            if run.realtime:
-                await asyncio.sleep(max(0.0, t0 + i * run.interval_s - time.monotonic()))
-            else:
-                await asyncio.sleep(0)
         if sender:
             stats["drained"] = int(await sender.drain(timeout_s=30))
     finally:
