@@ -24,11 +24,18 @@ class EntityFrame:
     counters: np.ndarray               # uint64 [n_entities, n_counters], raw totals
     gauge_names: tuple[str, ...]
     gauges: np.ndarray                 # float64 [n_entities, n_gauges], NaN = not read
-    labels: list[dict[str, str]]       # per entity
+    # Strings per label name, one per entity ("" = absent). Rows (a list of per-entity
+    # dicts) are accepted too and turned into columns.
+    labels: dict[str, list[str]] | list[dict[str, str]]
     # Filled by rates.RateTracker: per-second rates in each counter's rate unit; NaN where
     # no honest rate exists (first sample, counter reset, saturated error counter).
     rates: np.ndarray | None = None
     dt_s: float = float("nan")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.labels, list):
+            names = {k for row in self.labels for k in row}
+            self.labels = {k: [row.get(k, "") for row in self.labels] for k in sorted(names)}
 
     def column(self, name: str) -> int | None:
         try:
@@ -54,7 +61,8 @@ class EntityFrame:
             return np.full(len(self.ids), np.nan)
 
     def label(self, name: str) -> list[str]:
-        return [lab.get(name, "") for lab in self.labels]
+        values = self.labels.get(name)
+        return values if values is not None else [""] * len(self.ids)
 
 
 def _scale(name: str) -> float:

@@ -1,9 +1,10 @@
 """Validate one `Snapshot` at the gateway: refuse what is broken, keep what is valid.
 
 A snapshot is refused whole only when nothing in it can be trusted (no source, an absurd
-timestamp, too big). Otherwise the broken parts are dropped and the rest is kept: an
-entity whose value count does not match its block, an out-of-range or infinite gauge
-(set to NaN, i.e. "not read"), a rank step with impossible timings. Every problem has a
+timestamp, too big). Otherwise the broken parts are dropped and the rest is kept: a block
+whose value count does not match its entities x columns, an entity with a bad or repeated
+id, a label column of the wrong length, an out-of-range or infinite gauge (set to NaN,
+i.e. "not read"), a rank step with impossible timings. Every problem has a
 reason code, counted by the gateway and returned to the sender.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ MAX_COLUMNS = 2048
 MAX_RANK_STEPS = 4096
 MAX_EVENTS = 4096
 MAX_NAME_LEN = 253
+MAX_LABEL_LEN = 1024
 # Event time must be within this window around the gateway's clock (clock skew, replays).
 MAX_FUTURE_SKEW_NS = 5 * 60 * 10**9
 MAX_AGE_NS = 7 * 24 * 3600 * 10**9
@@ -46,9 +48,12 @@ GAUGE_RANGES: dict[str, tuple[float, float]] = {
     "admin_up": (0, 1),
 }
 MAX_STEP_SECONDS = 24 * 3600.0
+_ANY_FINITE = (-1.7976931348623157e308, 1.7976931348623157e308)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+=-]*$")
 _VALID_ENTITY_KINDS = {pb.ENTITY_KIND_GPU, pb.ENTITY_KIND_NIC_PORT, pb.ENTITY_KIND_SWITCH_PORT}
 _BOUNDS_CACHE: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
+_GOOD_LAYOUTS: set[tuple] = set()
+MAX_CACHED_LAYOUTS = 200_000
 _VALID_SOURCE_KINDS = {pb.SOURCE_KIND_NODE, pb.SOURCE_KIND_SWITCH}
 
 
@@ -99,38 +104,32 @@ def _validate_blocks(snap: pb.Snapshot, v: Verdict) -> None:
     keep_blocks = []
     seen_ids: set[tuple[int, str]] = set()
     for block in snap.blocks:
-        names = list(block.counter_names) + list(block.gauge_names)
-        if block.entity_kind not in _VALID_ENTITY_KINDS:
-            v.problem("bad_entity_kind", f"{snap.source}: block of entity kind {block.entity_kind} dropped")
-            continue
-        if len(names) > MAX_COLUMNS or len(block.entities) > MAX_ENTITIES_PER_BLOCK:
-            v.problem("too_large", f"{snap.source}: block with {len(names)} columns, {len(block.entities)} entities dropped")
-            continue
-        if len(set(names)) != len(names) or any(not n or len(n) > MAX_NAME_LEN for n in names):
-            v.problem("bad_column_names", f"{snap.source}: block with empty, overlong or repeated column names dropped")
-            continue
-        n_counters, n_gauges = len(block.counter_names), len(block.gauge_names)
-        keep_entities = []
-        for entity in block.entities:
-            key = (block.entity_kind, entity.id)
-            if _bad_name(entity.id) or key in seen_ids:
-                v.problem("bad_entity_id", f"{snap.source}: entity id {entity.id[:64]!r} empty, malformed or repeated")
+        ids = tuple(block.entity_ids)
+        n, m, k = len(ids), len(block.counter_names), len(block.gauge_names)
+        layout = (block.entity_kind, ids, tuple(block.counter_names), tuple(block.gauge_names))
+        # A collector sends the same layout every tick: check names and ids once, then only counts.
+        if layout not in _GOOD_LAYOUTS:
+            if not _check_layout(snap, block, layout, v):
                 continue
-            if len(entity.counters) != n_counters:
-                v.problem("bad_counter_count", f"{snap.source}/{entity.id}: {len(entity.counters)} counters "
-                                               f"for {n_counters} names")
-                continue
-            if len(entity.gauges) != n_gauges:
-                v.problem("bad_gauge_count", f"{snap.source}/{entity.id}: {len(entity.gauges)} gauges "
-                                             f"for {n_gauges} names")
-                continue
-            seen_ids.add(key)
-            keep_entities.append(entity)
-        if n_gauges and keep_entities:
-            _clean_gauges(snap, block, keep_entities, v)
-        if len(keep_entities) != len(block.entities):
-            del block.entities[:]
-            block.entities.extend(keep_entities)
+            n = len(block.entity_ids)   # bad ids may have been dropped
+        # In a columnar block a wrong count cannot be pinned on one entity: the block goes.
+        if len(block.counters) != n * m:
+            v.problem("bad_counter_count", f"{snap.source}: {len(block.counters)} counter values for {n} entities "
+                                           f"x {m} names; block dropped")
+            continue
+        if len(block.gauges) != n * k:
+            v.problem("bad_gauge_count", f"{snap.source}: {len(block.gauges)} gauge values for {n} entities "
+                                         f"x {k} names; block dropped")
+            continue
+        _validate_label_columns(snap, block, n, v)
+        if not seen_ids.isdisjoint((block.entity_kind, eid) for eid in block.entity_ids):
+            dup = [i for i, eid in enumerate(block.entity_ids) if (block.entity_kind, eid) in seen_ids]
+            for i in dup:
+                v.problem("bad_entity_id", f"{snap.source}: entity id {block.entity_ids[i][:64]!r} repeated")
+            _drop_rows(block, [i for i in range(n) if i not in dup])
+        seen_ids.update((block.entity_kind, eid) for eid in block.entity_ids)
+        if k and len(block.entity_ids):
+            _clean_gauges(snap, block, v)
         keep_blocks.append(block)
     if len(keep_blocks) != len(snap.blocks):
         kept = [pb.CounterBlock() for _ in keep_blocks]
@@ -140,32 +139,92 @@ def _validate_blocks(snap: pb.Snapshot, v: Verdict) -> None:
         snap.blocks.extend(kept)
 
 
+def _check_layout(snap: pb.Snapshot, block: pb.CounterBlock, layout: tuple, v: Verdict) -> bool:
+    """Kind, sizes, column names and entity ids of a block not seen before; False = drop it.
+
+    Bad entity ids are dropped from the block (True is returned for the rest).
+    """
+    kind, ids, counter_names, gauge_names = layout
+    names = counter_names + gauge_names
+    if kind not in _VALID_ENTITY_KINDS:
+        v.problem("bad_entity_kind", f"{snap.source}: block of entity kind {kind} dropped")
+        return False
+    if len(names) > MAX_COLUMNS or len(ids) > MAX_ENTITIES_PER_BLOCK:
+        v.problem("too_large", f"{snap.source}: block with {len(names)} columns, {len(ids)} entities dropped")
+        return False
+    if len(set(names)) != len(names) or any(not c or len(c) > MAX_NAME_LEN for c in names):
+        v.problem("bad_column_names", f"{snap.source}: block with empty, overlong or repeated column names dropped")
+        return False
+    seen: set[str] = set()
+    bad_rows = []
+    for i, eid in enumerate(ids):
+        if _bad_name(eid) or eid in seen:
+            bad_rows.append(i)
+            v.problem("bad_entity_id", f"{snap.source}: entity id {eid[:64]!r} empty, malformed or repeated")
+        seen.add(eid)
+    if bad_rows:
+        if len(block.counters) == len(ids) * len(counter_names) and len(block.gauges) == len(ids) * len(gauge_names):
+            _drop_rows(block, [i for i in range(len(ids)) if i not in bad_rows])
+        return True
+    if len(_GOOD_LAYOUTS) >= MAX_CACHED_LAYOUTS:
+        _GOOD_LAYOUTS.clear()
+    _GOOD_LAYOUTS.add(layout)
+    return True
+
+
+def _validate_label_columns(snap: pb.Snapshot, block: pb.CounterBlock, n: int, v: Verdict) -> None:
+    names = [col.name for col in block.labels]
+    bad = {j for j, col in enumerate(block.labels)
+           if len(col.values) != n or not col.name or len(col.name) > MAX_NAME_LEN or col.name in names[:j]
+           or max(map(len, col.values), default=0) > MAX_LABEL_LEN}
+    for j in sorted(bad, reverse=True):
+        v.problem("bad_label_column", f"{snap.source}: label column {block.labels[j].name[:64]!r} with "
+                                      f"{len(block.labels[j].values)} values for {n} entities dropped")
+        del block.labels[j]
+
+
+def _drop_rows(block: pb.CounterBlock, keep: list[int]) -> None:
+    """Keep only entities `keep` of a columnar block (a rare path: bad entity ids)."""
+    n, m, k = len(block.entity_ids), len(block.counter_names), len(block.gauge_names)
+    counters = np.array(block.counters, dtype=np.uint64).reshape(n, m)[keep]
+    gauges = np.array(block.gauges, dtype=np.float64).reshape(n, k)[keep]
+    ids = [block.entity_ids[i] for i in keep]
+    labels = [(col.name, [col.values[i] for i in keep]) for col in block.labels]
+    for field_name in ("entity_ids", "counters", "gauges", "labels"):
+        block.ClearField(field_name)
+    block.entity_ids.extend(ids)
+    block.counters.extend(counters.ravel().tolist())
+    block.gauges.extend(gauges.ravel().tolist())
+    for name, values in labels:
+        block.labels.add(name=name, values=values)
+
+
 def _gauge_bounds(names) -> tuple[np.ndarray, np.ndarray]:
-    lo = np.array([GAUGE_RANGES.get(n, (-np.inf, np.inf))[0] for n in names], dtype=np.float64)
-    hi = np.array([GAUGE_RANGES.get(n, (-np.inf, np.inf))[1] for n in names], dtype=np.float64)
+    lo = np.array([GAUGE_RANGES.get(n, _ANY_FINITE)[0] for n in names], dtype=np.float64)
+    hi = np.array([GAUGE_RANGES.get(n, _ANY_FINITE)[1] for n in names], dtype=np.float64)
     return lo, hi
 
 
-def _clean_gauges(snap, block, entities, v: Verdict) -> None:
+def _clean_gauges(snap: pb.Snapshot, block: pb.CounterBlock, v: Verdict) -> None:
     """Clear infinite and out-of-range gauges to NaN; vectorised over the whole block."""
     names = tuple(block.gauge_names)
     bounds = _BOUNDS_CACHE.get(names)
     if bounds is None:
         bounds = _BOUNDS_CACHE[names] = _gauge_bounds(names)
     lo, hi = bounds
-    values = np.array([e.gauges for e in entities], dtype=np.float64)
-    with np.errstate(invalid="ignore"):
-        bad = np.isinf(values) | (values < lo) | (values > hi)
+    values = np.array(block.gauges, dtype=np.float64).reshape(len(block.entity_ids), len(names))
+    # NaN compares False both ways: "not read" passes; inf fails one of the bounds.
+    bad = ~((values >= lo) & (values <= hi)) & ~np.isnan(values)
     if not bad.any():
         return
     for i, j in zip(*np.nonzero(bad)):
         value = values[i, j]
-        entities[i].gauges[j] = math.nan
+        block.gauges[int(i) * len(names) + int(j)] = math.nan
+        where = f"{snap.source}/{block.entity_ids[i]}"
         if math.isinf(value):
-            v.problem("non_finite_gauge", f"{snap.source}/{entities[i].id}: {names[j]} is infinite")
+            v.problem("non_finite_gauge", f"{where}: {names[j]} is infinite")
         else:
-            v.problem("gauge_out_of_range", f"{snap.source}/{entities[i].id}: {names[j]}={value:g} "
-                                            f"outside [{lo[j]:g}, {hi[j]:g}] (wrong unit?)")
+            v.problem("gauge_out_of_range", f"{where}: {names[j]}={value:g} outside [{lo[j]:g}, {hi[j]:g}] (wrong unit?)")
 
 
 def _validate_rank_steps(snap: pb.Snapshot, v: Verdict) -> None:

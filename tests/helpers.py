@@ -2,38 +2,56 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 
 NIC_COUNTERS = ["port_xmit_data", "port_rcv_data", "tx_prio3_pause", "tx_prio3_pause_duration",
                 "rx_prio3_pause", "rx_prio3_pause_duration"]
 NIC_GAUGES = ["netdev_speed_mbps", "pcie_width_current", "pcie_width_max", "pcie_gen_current", "pcie_gen_max"]
+GPU_GAUGES = ["utilization_gpu_pct", "pcie_gen_current", "pcie_gen_max", "pcie_width_current", "pcie_width_max",
+              "temperature_c", "power_mw"]
 
 
 def nic_snapshot(source="node-0001", t_ns=None, seq=1, rates=None, n_ports=8, counters=None, cluster="c1",
                  state="4: ACTIVE") -> pb.Snapshot:
     """A node snapshot with one NIC block; `rates` maps port index -> sysfs rate string."""
     t_ns = time.time_ns() if t_ns is None else t_ns
-    rates = rates or {}
+    rates = [(rates or {}).get(i, "400 Gb/sec (4X NDR)") for i in range(n_ports)]
     snap = pb.Snapshot(cluster=cluster, source=source, source_kind=pb.SOURCE_KIND_NODE, time_unix_ns=t_ns, seq=seq)
-    block = snap.blocks.add(entity_kind=pb.ENTITY_KIND_NIC_PORT, counter_names=NIC_COUNTERS, gauge_names=NIC_GAUGES)
+    block = snap.blocks.add(entity_kind=pb.ENTITY_KIND_NIC_PORT, entity_ids=[f"mlx5_{i}/1" for i in range(n_ports)],
+                            counter_names=NIC_COUNTERS, gauge_names=NIC_GAUGES)
     for i in range(n_ports):
-        rate = rates.get(i, "400 Gb/sec (4X NDR)")
-        speed = float(rate.split()[0]) * 1000
-        block.entities.add(
-            id=f"mlx5_{i}/1",
-            counters=counters[i] if counters else [seq * 1000 + i] * len(NIC_COUNTERS),
-            gauges=[speed, 16, 16, 5, 5],
-            labels={"rate": rate, "state": state, "phys_state": "5: LinkUp", "link_layer": "Ethernet",
-                    "netdev": f"eth{i}"},
-        )
+        block.counters.extend(counters[i] if counters else [seq * 1000 + i] * len(NIC_COUNTERS))
+        block.gauges.extend([float(rates[i].split()[0]) * 1000, 16, 16, 5, 5])
+    for name, values in (("rate", rates), ("state", [state] * n_ports), ("phys_state", ["5: LinkUp"] * n_ports),
+                         ("link_layer", ["Ethernet"] * n_ports), ("netdev", [f"eth{i}" for i in range(n_ports)])):
+        block.labels.add(name=name, values=values)
     return snap
 
 
-def gpu_block(snap: pb.Snapshot, util=90.0, gen=5, gen_max=5, width=16, width_max=16, n=8) -> None:
-    names = ["utilization_gpu_pct", "pcie_gen_current", "pcie_gen_max", "pcie_width_current", "pcie_width_max",
-             "temperature_c", "power_mw"]
-    block = snap.blocks.add(entity_kind=pb.ENTITY_KIND_GPU, counter_names=["ecc_uncorrected_volatile_total"],
-                            gauge_names=names)
-    for i in range(n):
-        block.entities.add(id=f"gpu{i}", counters=[0], gauges=[util, gen, gen_max, width, width_max, 60, 500_000])
+def gpu_block(snap: pb.Snapshot, util=90.0, gen=5, gen_max=5, width=16, width_max=16, n=8) -> pb.CounterBlock:
+    block = snap.blocks.add(entity_kind=pb.ENTITY_KIND_GPU, entity_ids=[f"gpu{i}" for i in range(n)],
+                            counter_names=["ecc_uncorrected_volatile_total"], gauge_names=GPU_GAUGES,
+                            counters=[0] * n)
+    for _ in range(n):
+        block.gauges.extend([util, gen, gen_max, width, width_max, 60, 500_000])
+    return block
+
+
+def gauge(block: pb.CounterBlock, entity: int, name: str) -> float:
+    return block.gauges[entity * len(block.gauge_names) + list(block.gauge_names).index(name)]
+
+
+def set_gauge(block: pb.CounterBlock, entity: int, name: str, value: float) -> None:
+    block.gauges[entity * len(block.gauge_names) + list(block.gauge_names).index(name)] = value
+
+
+def entity_rows(block: pb.CounterBlock) -> list[SimpleNamespace]:
+    """The entities of a columnar block as rows with .id, .counters, .gauges, .labels."""
+    m, k = len(block.counter_names), len(block.gauge_names)
+    labels = {column.name: list(column.values) for column in block.labels}
+    return [SimpleNamespace(id=eid, counters=list(block.counters[i * m:(i + 1) * m]),
+                            gauges=list(block.gauges[i * k:(i + 1) * k]),
+                            labels={name: values[i] for name, values in labels.items()})
+            for i, eid in enumerate(block.entity_ids)]

@@ -9,7 +9,7 @@ import time
 
 import grpc
 import pytest
-from helpers import nic_snapshot
+from helpers import gpu_block, nic_snapshot
 
 from fabricwatch.collectors.sender import GatewaySender, SenderConfig
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
@@ -54,7 +54,8 @@ async def test_batch_is_acked_with_counts_and_valid_parts_kept():
     try:
         good = nic_snapshot(source="node-0001")
         partly_bad = nic_snapshot(source="node-0002")
-        del partly_bad.blocks[0].entities[0].counters[:]
+        gpu_block(partly_bad)
+        del partly_bad.blocks[1].counters[:]     # the GPU block is broken, the NIC block kept
         bad = nic_snapshot(source="")
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
             ack = await pb_grpc.IngestStub(ch).Send(pb.IngestBatch(batch_id=7, snapshots=[good, partly_bad, bad]))
@@ -63,7 +64,7 @@ async def test_batch_is_acked_with_counts_and_valid_parts_kept():
         assert [r.index for r in ack.rejections] == [1, 2]
         assert sources(sink) == ["node-0001", "node-0002"]
         kept = pb.Snapshot.FromString(sink.records[1][2])
-        assert len(kept.blocks[0].entities) == 7
+        assert [b.entity_kind for b in kept.blocks] == [pb.ENTITY_KIND_NIC_PORT]
     finally:
         await server.stop(0)
 

@@ -72,10 +72,11 @@ def test_gpu_pcie_width_drop_counts_even_when_idle():
 def test_switch_port_below_cable_nominal():
     topo = rail_optimised("c1", n_nodes=2, nodes_per_unit=2, n_spines=1)
     snap = pb.Snapshot(cluster="c1", source="leaf-u0-r0", source_kind=pb.SOURCE_KIND_SWITCH, time_unix_ns=T0)
-    block = snap.blocks.add(entity_kind=pb.ENTITY_KIND_SWITCH_PORT, gauge_names=["port_speed_gbps", "oper_up"])
-    block.entities.add(id="Ethernet0", gauges=[100, 1])   # to node-0001, nominal 400
-    block.entities.add(id="Ethernet1", gauges=[400, 1])
-    block.entities.add(id="Ethernet9", gauges=[100, 1])   # uncabled port: no nominal, no finding
+    snap.blocks.add(entity_kind=pb.ENTITY_KIND_SWITCH_PORT, gauge_names=["port_speed_gbps", "oper_up"],
+                    entity_ids=["Ethernet0",     # to node-0001, nominal 400
+                                "Ethernet1",
+                                "Ethernet9"],    # uncabled port: no nominal, no finding
+                    gauges=[100, 1, 400, 1, 100, 1])
     assert run([snap], topology=topo) == [("link_downgrade", "open", "c1/leaf-u0-r0/Ethernet0", "critical")]
 
 

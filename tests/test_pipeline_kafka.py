@@ -70,7 +70,7 @@ async def test_downgrade_flows_through_the_whole_pipeline(kafka_bootstrap, tmp_p
             rates = {5: "200 Gb/sec (4X HDR)"} if 2 <= i <= 3 else {}
             snap = nic_snapshot(source=node, t_ns=t0 + i * S, seq=i, rates=rates, cluster="")
             if i == 1:
-                snap.blocks[0].entities[0].counters.append(1)   # malformed entity: dropped, rest kept
+                snap.blocks[0].entity_ids[3] = "bad id!"   # malformed entity: dropped, rest kept
             sender.submit(snap)
         assert await sender.drain(30)
         assert sender.stats["dropped_parts"] == 1

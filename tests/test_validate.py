@@ -2,7 +2,7 @@
 import math
 import time
 
-from helpers import NIC_COUNTERS, gpu_block, nic_snapshot
+from helpers import NIC_COUNTERS, gauge, gpu_block, nic_snapshot, set_gauge
 
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.streams.validate import validate_snapshot
@@ -45,23 +45,24 @@ def test_small_clock_skew_is_accepted():
     assert validate_snapshot(nic_snapshot(t_ns=NOW + 30 * 10**9), NOW).accepted
 
 
-def test_entity_with_wrong_counter_count_is_dropped_rest_kept():
+def test_block_with_wrong_counter_count_is_dropped_rest_kept():
     snap = nic_snapshot(t_ns=NOW)
-    del snap.blocks[0].entities[3].counters[-1]
+    gpu_block(snap)
+    del snap.blocks[0].counters[-1]
     v = validate_snapshot(snap, NOW)
     assert v.accepted and reasons(v) == ["bad_counter_count"]
-    ids = [e.id for e in snap.blocks[0].entities]
-    assert len(ids) == 7 and "mlx5_3/1" not in ids
+    assert [b.entity_kind for b in snap.blocks] == [pb.ENTITY_KIND_GPU]   # the GPU block is kept
 
 
 def test_nan_gauge_is_kept_as_not_read_and_inf_is_cleared():
     snap = nic_snapshot(t_ns=NOW)
-    snap.blocks[0].entities[0].gauges[0] = math.nan
-    snap.blocks[0].entities[1].gauges[0] = math.inf
+    set_gauge(snap.blocks[0], 0, "netdev_speed_mbps", math.nan)
+    set_gauge(snap.blocks[0], 1, "netdev_speed_mbps", math.inf)
     v = validate_snapshot(snap, NOW)
     assert v.accepted and reasons(v) == ["non_finite_gauge"]
-    assert math.isnan(snap.blocks[0].entities[1].gauges[0])
-    assert len(snap.blocks[0].entities) == 8
+    assert math.isnan(gauge(snap.blocks[0], 1, "netdev_speed_mbps"))
+    assert gauge(snap.blocks[0], 2, "netdev_speed_mbps") == 400_000
+    assert len(snap.blocks[0].entity_ids) == 8
 
 
 def test_wrong_unit_gauge_is_cleared_and_counted():
@@ -70,15 +71,21 @@ def test_wrong_unit_gauge_is_cleared_and_counted():
     v = validate_snapshot(snap, NOW)
     assert v.accepted
     assert v.reasons()["gauge_out_of_range"] == 8
-    assert all(math.isnan(e.gauges[0]) for e in snap.blocks[1].entities)
-    assert all(e.gauges[5] == 60 for e in snap.blocks[1].entities)   # the rest of the GPU row kept
+    gpus = snap.blocks[1]
+    assert all(math.isnan(gauge(gpus, i, "utilization_gpu_pct")) for i in range(8))
+    assert all(gauge(gpus, i, "temperature_c") == 60 for i in range(8))   # the rest of the GPU row kept
 
 
 def test_repeated_entity_ids_and_column_names():
     snap = nic_snapshot(t_ns=NOW)
-    snap.blocks[0].entities[1].id = "mlx5_0/1"
+    snap.blocks[0].entity_ids[1] = "mlx5_0/1"
+    snap.blocks[0].counters[len(NIC_COUNTERS) * 2] = 777   # first counter of entity 2
     v = validate_snapshot(snap, NOW)
-    assert reasons(v) == ["bad_entity_id"] and len(snap.blocks[0].entities) == 7
+    block = snap.blocks[0]
+    assert reasons(v) == ["bad_entity_id"] and len(block.entity_ids) == 7
+    assert "mlx5_1/1" not in block.entity_ids and len(block.counters) == 7 * len(NIC_COUNTERS)
+    assert block.counters[len(NIC_COUNTERS)] == 777            # rows still aligned after the drop
+    assert list(block.labels[0].values[:2]) == ["400 Gb/sec (4X NDR)"] * 2 and len(block.labels[0].values) == 7
     snap = nic_snapshot(t_ns=NOW)
     snap.blocks[0].counter_names[1] = NIC_COUNTERS[0]
     v = validate_snapshot(snap, NOW)
@@ -110,3 +117,11 @@ def test_oversized_snapshot_is_rejected():
     for _ in range(40):
         snap.blocks.add(entity_kind=pb.ENTITY_KIND_GPU)
     assert reasons(validate_snapshot(snap, NOW)) == ["too_large"]
+
+
+def test_label_column_of_wrong_length_is_dropped():
+    snap = nic_snapshot(t_ns=NOW)
+    snap.blocks[0].labels[0].values.append("extra")
+    v = validate_snapshot(snap, NOW)
+    assert v.accepted and reasons(v) == ["bad_label_column"]
+    assert [c.name for c in snap.blocks[0].labels] == ["state", "phys_state", "link_layer", "netdev"]
