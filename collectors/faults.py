@@ -1,0 +1,393 @@
+"""Faults the cluster simulator can inject, and the ground-truth records it reports.
+
+Every fault is a frozen dataclass whose times are **seconds of event time after the
+simulator's** ``start_unix_ns`` (``onset_s``; ``offset_s`` where the fault clears, ``inf`` =
+never within the run). Entities are named as the telemetry names them: a node hostname, a
+NIC port id ``"mlx5_2/1"``, a GPU index, a switch and its port name.
+
+`GroundTruth` is what an evaluation compares detector output with. Entity paths:
+
+* NIC port ``"node-0003/mlx5_2/1"``; GPU ``"node-0003/gpu2"``; node ``"node-0003"``
+* switch port ``"leaf-u0-r2/Ethernet3"``
+* training rank ``"job/<job_id>/rank/<rank>"``
+
+>>> f = PfcStorm(sources=(("node-0003", "mlx5_2/1"),), onset_s=12.0, offset_s=20.0)
+>>> f.duration_s, f.kind
+(8.0, 'pfc_storm')
+>>> nic_path("node-0003", "mlx5_2/1"), rank_path("job-a", 17)
+('node-0003/mlx5_2/1', 'job/job-a/rank/17')
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Union
+
+INF = math.inf
+
+# XID texts as the NVIDIA Xid catalog names them (used in DeviceEvent.detail).
+XID_TEXT = {
+    13: "Graphics Engine Exception",
+    31: "GPU memory page fault",
+    43: "GPU stopped processing",
+    48: "Double Bit ECC Error",
+    63: "ECC page retirement or row remapping recording event",
+    64: "ECC page retirement or row remapper recording failure",
+    74: "NVLink Error",
+    79: "GPU has fallen off the bus",
+    92: "High single-bit ECC error rate",
+    94: "Contained ECC error",
+    95: "Uncontained ECC error",
+    119: "GSP RPC Timeout",
+}
+# XIDs that come with an uncorrectable ECC error (the volatile DBE counter rises).
+XID_UNCORRECTABLE_ECC = frozenset({48, 94, 95})
+# XIDs after which the GPU can no longer be read (gauges NaN, its job hangs).
+XID_GPU_LOST = frozenset({79})
+
+# NVML clocks-event reason bits.
+REASON_GPU_IDLE = 0x1
+REASON_SW_POWER_CAP = 0x4
+REASON_SW_THERMAL = 0x20
+REASON_HW_THERMAL = 0x40
+
+STRAGGLER_CAUSES = ("thermal", "sw_thermal", "power", "none", "nic_downgrade", "storm_victim")
+
+# SONiC's DEFAULT_DETECTION_TIME: a storm shorter than this is not expected to alert.
+STORM_DETECTION_TIME_S = 0.2
+
+
+def nic_path(node: str, nic: str) -> str:
+    return f"{node}/{nic}"
+
+
+def gpu_path(node: str, gpu: int) -> str:
+    return f"{node}/gpu{gpu}"
+
+
+def port_path(switch: str, port: str) -> str:
+    return f"{switch}/{port}"
+
+
+def rank_path(job_id: str, rank: int) -> str:
+    return f"job/{job_id}/rank/{rank}"
+
+
+def _check_times(onset_s: float, offset_s: float) -> None:
+    if not onset_s >= 0.0:
+        raise ValueError(f"onset_s must be >= 0, got {onset_s!r}")
+    if not offset_s > onset_s:
+        raise ValueError(f"offset_s must be > onset_s ({onset_s}), got {offset_s!r}")
+
+
+@dataclass(frozen=True)
+class LinkDowngrade:
+    """A NIC port renegotiates to a lower rate (or another lane layout at the same speed).
+
+    The sysfs ``rate`` label becomes ``rate``, ``netdev_speed_mbps`` and the leaf port's
+    ``port_speed_gbps`` follow, and the port's traffic is capped at the new speed (which
+    slows every collective it takes part in). ``"400 Gb/sec (8X HDR)"`` keeps the speed.
+    """
+    node: str
+    nic: str
+    onset_s: float
+    offset_s: float = INF
+    rate: str = "200 Gb/sec (4X HDR)"
+    kind = "link_downgrade"
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.offset_s)
+
+
+@dataclass(frozen=True)
+class NicPcieDowngrade:
+    """The NIC's PCIe link trains at fewer lanes (``pcie_width_current < pcie_width_max``)."""
+    node: str
+    nic: str
+    onset_s: float
+    offset_s: float = INF
+    width: int = 8
+    kind = "nic_pcie_downgrade"
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.offset_s)
+        if self.width not in (1, 2, 4, 8):
+            raise ValueError(f"width must be 1, 2, 4 or 8, got {self.width!r}")
+
+
+@dataclass(frozen=True)
+class GpuPcieDowngrade:
+    """A GPU's PCIe link at fewer lanes, visible while it is busy (idle GPUs drop gen anyway)."""
+    node: str
+    gpu: int
+    onset_s: float
+    offset_s: float = INF
+    width: int = 8
+    kind = "gpu_pcie_downgrade"
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.offset_s)
+        if self.width not in (1, 2, 4, 8):
+            raise ValueError(f"width must be 1, 2, 4 or 8, got {self.width!r}")
+
+
+@dataclass(frozen=True)
+class LinkFlap:
+    """A NIC link goes down ``flaps`` times, ``down_s`` each, every ``period_s``.
+
+    While down: ``state`` "1: DOWN", ``phys_state`` "3: Disabled", ``netdev_speed_mbps`` -1,
+    ``rate`` falls back to mlx5's default "40 Gb/sec (4X QDR)", no traffic. Each flap adds
+    1 to ``link_downed`` and ``link_down_events_phy`` and 2 to the leaf port's
+    ``interface-transitions``.
+    """
+    node: str
+    nic: str
+    onset_s: float
+    down_s: float = 2.0
+    flaps: int = 1
+    period_s: float = 10.0
+    kind = "link_flap"
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.onset_s + self.down_s)
+        if self.flaps < 1:
+            raise ValueError(f"flaps must be >= 1, got {self.flaps!r}")
+        if self.flaps > 1 and not self.period_s > self.down_s:
+            raise ValueError(f"period_s must exceed down_s, got {self.period_s!r}")
+
+    @property
+    def offset_s(self) -> float:
+        return self.onset_s + (self.flaps - 1) * self.period_s + self.down_s
+
+    def intervals(self) -> list[tuple[float, float]]:
+        return [(self.onset_s + k * self.period_s, self.onset_s + k * self.period_s + self.down_s)
+                for k in range(self.flaps)]
+
+
+@dataclass(frozen=True)
+class AdminToggle:
+    """An operator shuts a switch port and re-enables it (must not look like a storm or flap).
+
+    ``admin_up`` and ``oper_up`` go 0 for ``down_s``, ``interface-transitions`` +2, and
+    the far end sees the link drop (a NIC: "1: DOWN" / "2: Polling", ``link_downed`` +1).
+    """
+    switch: str
+    port: str
+    onset_s: float
+    down_s: float = 5.0
+    kind = "admin_toggle"
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.onset_s + self.down_s)
+
+    @property
+    def offset_s(self) -> float:
+        return self.onset_s + self.down_s
+
+
+@dataclass(frozen=True)
+class PfcStorm:
+    """NIC ports that keep transmitting PFC pause frames on the lossless priority 3.
+
+    ``sources``: ``(node, nic)`` pairs (two for a two-port storm, every port of a leaf
+    for an all-port storm). A source's ``tx_prio3_pause_duration`` grows by ``duty``
+    seconds per second; its leaf port is paused (``pfc3-rx-*`` rise, ``queue3`` stops
+    transmitting, occupancy high when traffic is queued for the source); the leaf then
+    pauses the other ports that feed it (the victims: ``rx_prio3_pause*`` rise, their
+    traffic collapses) and its spine uplinks.
+
+    * ``xon_only``: the port sends XON frames (quanta 0), which pause nothing: frame
+      counters rise, durations do not (a must-not-fire case).
+    * ``stuck_host``: the source's host has stopped consuming, so its own job hangs.
+    * ``nic_watchdog_ms``: the NIC's own storm prevention (ethtool ``pfc-prevention-tout``)
+      is on: ``tx_pause_storm_warning_events`` +1 at 85 % of the timeout,
+      ``tx_pause_storm_error_events`` +1 at the timeout, and the NIC stops pausing.
+    * A storm shorter than ``min_alert_s`` (SONiC's default detection time) is recorded
+      with ``expect_alert=False``. A source whose node runs no job has nothing queued for
+      it: occupancy stays 0 and nobody else is paused (the "no traffic" variant).
+    """
+    sources: tuple[tuple[str, str], ...]
+    onset_s: float
+    offset_s: float = INF
+    duty: float = 0.999
+    xon_only: bool = False
+    stuck_host: bool = True
+    nic_watchdog_ms: float | None = None
+    min_alert_s: float = STORM_DETECTION_TIME_S
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.offset_s)
+        object.__setattr__(self, "sources", tuple((str(n), str(p)) for n, p in self.sources))
+        if not self.sources:
+            raise ValueError("sources must name at least one (node, nic) port")
+        if not 0.0 < self.duty <= 1.0:
+            raise ValueError(f"duty must be in (0, 1], got {self.duty!r}")
+        if self.nic_watchdog_ms is not None and not 0 < self.nic_watchdog_ms <= 8000:
+            raise ValueError(f"nic_watchdog_ms must be in (0, 8000], got {self.nic_watchdog_ms!r}")
+
+    @property
+    def kind(self) -> str:
+        return "pfc_xon_flood" if self.xon_only else "pfc_storm"
+
+    @property
+    def effective_offset_s(self) -> float:
+        """When the pausing really stops (the NIC watchdog may end it early)."""
+        if self.nic_watchdog_ms is None or self.xon_only:
+            return self.offset_s
+        return min(self.offset_s, self.onset_s + self.nic_watchdog_ms / 1000.0)
+
+    @property
+    def duration_s(self) -> float:
+        return self.effective_offset_s - self.onset_s
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """The rank on ``(node, gpu)`` is persistently slower.
+
+    Compute causes multiply the rank's ``busy_seconds`` by ``factor`` (every other rank
+    waits that much longer in the collectives) and show on the GPU:
+
+    * ``"thermal"``: HwThermalSlowdown (0x40), SM clock / factor, temperature up;
+    * ``"sw_thermal"``: SwThermalSlowdown (0x20), same;
+    * ``"power"``: SwPowerCap (0x4), power pinned at a lowered cap, SM clock / factor;
+    * ``"none"``: nothing visible on the node (e.g. a slow data loader).
+
+    Network causes slow the rank's NIC instead, which stretches the communication
+    phase of every rank (``busy_seconds`` unchanged, ``collective_wait_seconds`` up on all):
+    ``"nic_downgrade"`` adds a `LinkDowngrade` of that GPU's NIC to 200G, ``"storm_victim"``
+    adds a `PfcStorm` from another node's port on the same leaf.
+    """
+    node: str
+    gpu: int
+    onset_s: float
+    offset_s: float = INF
+    factor: float = 1.3
+    cause: str = "thermal"
+    kind = "straggler"
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.offset_s)
+        if self.cause not in STRAGGLER_CAUSES:
+            raise ValueError(f"cause must be one of {STRAGGLER_CAUSES}, got {self.cause!r}")
+        if not 1.0 <= self.factor <= 10.0:
+            raise ValueError(f"factor must be in [1, 10], got {self.factor!r}")
+
+
+@dataclass(frozen=True)
+class GpuXid:
+    """An NVML XID on a GPU, repeated every ``repeat_s`` until ``offset_s`` (each sent).
+
+    48/94/95 also raise ``ecc_uncorrected_volatile_total``; 79 (fallen off the bus) makes
+    the GPU unreadable (gauges NaN, counters frozen) and hangs its job until ``offset_s``.
+    """
+    node: str
+    gpu: int
+    code: int
+    onset_s: float
+    repeat_s: float | None = None
+    offset_s: float = INF
+    kind = "gpu_xid"
+
+    def __post_init__(self) -> None:
+        if self.repeat_s is not None and not self.repeat_s > 0:
+            raise ValueError(f"repeat_s must be > 0, got {self.repeat_s!r}")
+        if self.repeat_s is None and self.offset_s == INF and self.code not in XID_GPU_LOST:
+            object.__setattr__(self, "offset_s", self.onset_s + 1e-3)
+        _check_times(self.onset_s, self.offset_s)
+
+    def occurrences(self, until_s: float = INF) -> list[float]:
+        if self.repeat_s is None:
+            return [self.onset_s]
+        end = min(self.offset_s, until_s)
+        n = int(math.floor((end - self.onset_s) / self.repeat_s - 1e-12)) + 1
+        return [self.onset_s + k * self.repeat_s for k in range(max(n, 0))]
+
+
+@dataclass(frozen=True)
+class EccUncorrectable:
+    """``count`` uncorrectable (double-bit) ECC errors on a GPU at ``onset_s``.
+
+    ``ecc_uncorrected_volatile_total`` rises by ``count`` and one row is queued for
+    remapping (``remapped_rows_uncorrectable`` +1).
+    """
+    node: str
+    gpu: int
+    onset_s: float
+    count: int = 1
+    kind = "ecc_uncorrectable"
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.onset_s + 1e-3)
+        if self.count < 1:
+            raise ValueError(f"count must be >= 1, got {self.count!r}")
+
+    @property
+    def offset_s(self) -> float:
+        return self.onset_s + 1e-3
+
+
+@dataclass(frozen=True)
+class NodeReboot:
+    """A node reboots: no snapshots for ``down_s``, then every counter restarts near 0.
+
+    Its NIC links go down (leaf ``oper_up`` 0, ``interface-transitions`` +2, no pause
+    frames); its job hangs, then restarts from its last checkpoint step. Must not fire
+    storm or downgrade detectors.
+    """
+    node: str
+    onset_s: float
+    down_s: float = 60.0
+    restart_s: float = 30.0
+    kind = "node_reboot"
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.onset_s + self.down_s)
+        if self.restart_s < 0:
+            raise ValueError(f"restart_s must be >= 0, got {self.restart_s!r}")
+
+    @property
+    def offset_s(self) -> float:
+        return self.onset_s + self.down_s
+
+
+@dataclass(frozen=True)
+class ClockSkew:
+    """A node's clock is off by ``skew_s`` seconds (its snapshot and step timestamps)."""
+    node: str
+    onset_s: float
+    offset_s: float = INF
+    skew_s: float = 5.0
+    kind = "clock_skew"
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.offset_s)
+
+
+Fault = Union[LinkDowngrade, NicPcieDowngrade, GpuPcieDowngrade, LinkFlap, AdminToggle, PfcStorm,
+              Straggler, GpuXid, EccUncorrectable, NodeReboot, ClockSkew]
+
+
+@dataclass(frozen=True)
+class GroundTruth:
+    """One injected fault, labelled for evaluation.
+
+    ``entity`` is the source (the port that storms, the degraded link, the slow rank);
+    ``victims`` are the entities it harms without being at fault (storm-paused ports,
+    the other ranks of a straggler's job as ``"job/<id>"``); ``related`` are entities where
+    the fault is also visible (the leaf port facing a NIC, the straggler's GPU). Times are
+    absolute event time; ``offset_unix_ns`` is None when the fault outlives the run.
+    ``expect_alert`` is False for the must-not-fire cases (admin toggle, reboot, XON
+    flood, a storm shorter than the detection time, clock skew).
+    """
+    kind: str
+    entity: str
+    onset_unix_ns: int
+    offset_unix_ns: int | None
+    victims: tuple[str, ...] = ()
+    related: tuple[str, ...] = ()
+    expect_alert: bool = True
+    detail: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def active_at(self, unix_ns: int) -> bool:
+        return self.onset_unix_ns <= unix_ns and (self.offset_unix_ns is None or unix_ns < self.offset_unix_ns)

@@ -1,0 +1,1519 @@
+"""A simulated GPU training cluster that emits telemetry exactly as the real collectors do.
+
+Every tick produces one `Snapshot` per node (a GPU block, a NIC_PORT block, XID events,
+the `RankStep`s of the training steps that ended in the tick) and one per switch (a
+SWITCH_PORT block), with counters RAW: monotonic totals in the source's unit
+(``port_xmit_data`` in 4-byte words, pause durations in microseconds, energy in mJ),
+32-bit hw counters wrapping, 16/8-bit IB error counters saturating, labels as sysfs
+prints them. What a NIC transmits its leaf port receives; pause frames a NIC sends its
+leaf port receives; bytes crossing a spine are counted on both ends of each uplink.
+
+Healthy behaviour is deliberately noisy: synchronous data-parallel jobs on ~85 % of the
+nodes (per step a compute phase with little traffic, then an all-reduce burst near line
+rate over two ring channels), incast congestion with short intermittent PFC pauses and
+correlated ECN marks / CNPs, checkpoints (tens of seconds without fabric traffic, a long
+step on every rank), eval phases, idle nodes whose GPUs sit at the idle clock and PCIe
+gen1 (NVML's power saving, not a downgrade), GPUs that hit their power cap, the odd slow
+step, a few marginal links with symbol errors. Faults (`fabricwatch.collectors.faults`)
+are layered on top and listed by `ClusterSimulator.ground_truth`.
+
+>>> from fabricwatch.models.topology import rail_optimised
+>>> from fabricwatch.collectors.faults import LinkDowngrade
+>>> topo = rail_optimised("sim", n_nodes=4, nodes_per_unit=4, n_spines=2)
+>>> sim = ClusterSimulator(topo, seed=1, interval_s=1.0,
+...                        faults=[LinkDowngrade("node-0002", "mlx5_3/1", onset_s=2.0)])
+>>> snaps = sim.tick()
+>>> [s.source for s in snaps][3:6], len(snaps)     # 4 nodes, then the 2 spines and 8 leaves
+(['node-0004', 'spine-0', 'spine-1'], 14)
+>>> gpu_block, nic_block = snaps[0].blocks
+>>> list(nic_block.entity_ids[:2]), nic_block.labels[3].name, nic_block.labels[3].values[0]
+(['mlx5_0/1', 'mlx5_1/1'], 'rate', '400 Gb/sec (4X NDR)')
+>>> for _ in range(3):
+...     snaps = sim.tick()
+>>> labels = {c.name: c.values[3] for c in snaps[1].blocks[1].labels}     # port mlx5_3/1
+>>> labels["rate"], labels["state"], snaps[1].seq
+('200 Gb/sec (4X HDR)', '4: ACTIVE', 4)
+>>> [(g.kind, g.entity) for g in sim.ground_truth()]
+[('link_downgrade', 'node-0002/mlx5_3/1')]
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from fabricwatch.collectors.faults import (
+    INF, REASON_GPU_IDLE, REASON_HW_THERMAL, REASON_SW_POWER_CAP, REASON_SW_THERMAL,
+    XID_GPU_LOST, XID_TEXT, XID_UNCORRECTABLE_ECC, AdminToggle, ClockSkew, EccUncorrectable,
+    Fault, GpuPcieDowngrade, GpuXid, GroundTruth, LinkDowngrade, LinkFlap, NicPcieDowngrade,
+    NodeReboot, PfcStorm, Straggler, gpu_path, nic_path, port_path, rank_path,
+)
+from fabricwatch.counters import GPU_GAUGES, NIC_GAUGES, SWITCH_GAUGES, Overflow, spec_for
+from fabricwatch.models.linkrate import parse_ib_rate
+from fabricwatch.models.topology import Topology, rail_optimised
+from fabricwatch.protos.v1 import telemetry_pb2 as pb
+
+__all__ = [
+    "ClusterSimulator", "Job", "auto_jobs", "demo_scenario",
+    "NIC_COUNTERS", "GPU_COUNTERS", "SWITCH_COUNTERS", "SWITCH_PORT_GAUGES",
+]
+
+# 2026-01-01T00:00:00Z: a fixed default so that runs are reproducible.
+DEFAULT_START_UNIX_NS = 1_767_225_600_000_000_000
+
+# Column order of each block (names exactly as fabricwatch.counters knows them).
+NIC_COUNTERS = (
+    "port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets", "port_xmit_wait",
+    "symbol_error", "port_rcv_errors", "link_downed", "link_error_recovery",
+    "out_of_sequence", "np_cnp_sent", "np_ecn_marked_roce_packets", "rp_cnp_handled",
+    "rx_prio3_pause", "tx_prio3_pause", "rx_prio3_pause_duration", "tx_prio3_pause_duration",
+    "rx_prio3_bytes", "tx_prio3_bytes", "rx_prio3_packets", "tx_prio3_packets",
+    "tx_pause_storm_warning_events", "tx_pause_storm_error_events", "link_down_events_phy",
+    "rx_corrected_bits_phy", "rx_bits_phy", "rx_pcs_symbol_err_phy",
+)
+GPU_COUNTERS = ("ecc_corrected_volatile_total", "ecc_uncorrected_volatile_total", "pcie_replay_total", "energy_mj")
+SWITCH_COUNTERS = (
+    "in-octets", "out-octets", "in-pkts", "out-pkts", "in-errors", "in-discards", "out-discards",
+    "interface-transitions", "pfc3-rx-pkts", "pfc3-tx-pkts", "pfc3-rx-pause-duration-us",
+    "queue3-transmit-pkts", "queue3-transmit-octets",
+)
+SWITCH_PORT_GAUGES = tuple(SWITCH_GAUGES) + ("queue3-occupancy-bytes",)
+
+_NC = {n: i for i, n in enumerate(NIC_COUNTERS)}
+_GC = {n: i for i, n in enumerate(GPU_COUNTERS)}
+_SC = {n: i for i, n in enumerate(SWITCH_COUNTERS)}
+
+# Physical constants of the model (documented guesses where no source gives a number).
+WIRE_PKT_BYTES = 4158.0        # 4096 B RoCEv2 payload + Eth/IP/UDP/BTH/ICRC/FCS headers
+ACK_BYTES = 62.0               # RoCE ACK on the wire
+ACKS_PER_DATA_PKT = 1.0 / 8.0  # coalesced ACKs
+PAUSE_QUANTA = 65535           # XOFF frames carry the max quanta; refreshed at half expiry
+XMIT_WAIT_TICKS_PER_US = 8.0   # port_xmit_wait tick: implementation-defined [U]
+CTRL_BYTES_PER_S = 300.0       # LLDP/ARP on the backend fabric (not RDMA, not prio 3)
+XON_FRAMES_PER_S = 20_000.0    # rate of a XON-only flood
+GPU_TDP_W = 700.0
+GPU_IDLE_W = 70.0
+GPU_MAX_CLOCK_MHZ = 1980.0
+GPU_IDLE_CLOCK_MHZ = 345.0
+PCIE_GEN_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
+_DOWN_RATE = "40 Gb/sec (4X QDR)"  # what mlx5 prints for a RoCE port with no operational mode
+
+_DGX_NIC_BDF = ("0000:18:00.0", "0000:40:00.0", "0000:4f:00.0", "0000:5e:00.0",
+                "0000:9a:00.0", "0000:c0:00.0", "0000:ce:00.0", "0000:dc:00.0")
+_DGX_GPU_BDF = ("0000:1b:00.0", "0000:43:00.0", "0000:52:00.0", "0000:61:00.0",
+                "0000:9d:00.0", "0000:c3:00.0", "0000:d1:00.0", "0000:df:00.0")
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+@dataclass(frozen=True)
+class Job:
+    """A synchronous data-parallel training job: one rank per GPU of each of its nodes.
+
+    Per step: ``step_compute_s`` of compute (per-rank jitter), then an all-reduce that
+    takes ``step_comm_s`` at ``bw_efficiency`` of line rate (longer when a link is slow or
+    paused). Every ``checkpoint_every_s`` the next step starts with a ``checkpoint_s`` save
+    (no fabric traffic, every rank slow); every ``eval_every_s`` an ``eval_s`` evaluation runs
+    between steps (no RankSteps). ``since_*_s`` place the job within those cycles at start.
+    """
+    job_id: str
+    nodes: tuple[str, ...]
+    step_compute_s: float = 0.9
+    step_comm_s: float = 0.3
+    bw_efficiency: float = 0.88
+    checkpoint_every_s: float = 1800.0
+    checkpoint_s: float = 40.0
+    eval_every_s: float = 3600.0
+    eval_s: float = 60.0
+    first_step: int = 1
+    since_checkpoint_s: float = 0.0
+    since_eval_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        if not self.nodes:
+            raise ValueError(f"job {self.job_id!r} has no nodes")
+        if len(set(self.nodes)) != len(self.nodes):
+            raise ValueError(f"job {self.job_id!r} lists a node twice")
+        for name in ("step_compute_s", "step_comm_s", "checkpoint_every_s", "checkpoint_s", "eval_every_s", "eval_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"job {self.job_id!r}: {name} must be > 0")
+        if not 0 < self.bw_efficiency <= 1:
+            raise ValueError(f"job {self.job_id!r}: bw_efficiency must be in (0, 1]")
+
+
+def auto_jobs(topology: Topology, seed: int = 0, fill: float = 0.85) -> list[Job]:
+    """A few jobs of mixed size on ``fill`` of the nodes, in contiguous blocks (idle nodes between).
+
+    Deterministic in (topology, seed): `ClusterSimulator` uses it when ``jobs=None``, so
+    fault helpers such as `demo_scenario` can pick nodes that are known to be busy.
+    """
+    if not 0 < fill <= 1:
+        raise ValueError(f"fill must be in (0, 1], got {fill!r}")
+    rng = np.random.default_rng([seed, 0xA11C])
+    nodes = list(topology.nodes)
+    n = len(nodes)
+    target = max(1, int(round(fill * n)))
+    n_jobs = int(np.clip(round(math.log2(max(n, 2))) - 1, 1, 8))
+    n_jobs = max(1, min(n_jobs, target // 2 if target >= 2 else 1))
+    if n_jobs == 1:
+        sizes = [target]
+    else:
+        share = rng.dirichlet(np.full(n_jobs, 1.2))
+        sizes = np.maximum(2, np.floor(share * target).astype(int))
+        while sizes.sum() > target:
+            sizes[int(np.argmax(sizes))] -= 1
+        sizes[int(np.argmax(sizes))] += target - int(sizes.sum())
+        sizes = [int(s) for s in sizes if s > 0]
+    items: list[int] = list(range(len(sizes))) + [-1] * (n - target)
+    order = rng.permutation(len(items))
+    jobs_nodes: list[list[str]] = [[] for _ in sizes]
+    pos = 0
+    for it in (items[i] for i in order):
+        if it < 0:
+            pos += 1
+        else:
+            jobs_nodes[it] = nodes[pos:pos + sizes[it]]
+            pos += sizes[it]
+    jobs = []
+    for j, members in enumerate(jobs_nodes):
+        ckpt_every = float(rng.uniform(900, 2400))
+        eval_every = float(rng.uniform(1800, 5400))
+        jobs.append(Job(
+            job_id=f"job-{j + 1:03d}", nodes=tuple(members),
+            step_compute_s=float(rng.uniform(0.35, 2.2)), step_comm_s=float(rng.uniform(0.12, 0.65)),
+            bw_efficiency=float(rng.uniform(0.82, 0.93)),
+            checkpoint_every_s=ckpt_every, checkpoint_s=float(rng.uniform(15, 60)),
+            eval_every_s=eval_every, eval_s=float(rng.uniform(20, 90)),
+            first_step=int(rng.integers(1_000, 200_000)),
+            since_checkpoint_s=float(rng.uniform(0, ckpt_every)), since_eval_s=float(rng.uniform(0, eval_every)),
+        ))
+    return jobs
+
+
+class _JobRun:
+    """Mutable run state of one job (phase machine over continuous event time)."""
+
+    def __init__(self, job: Job, index: int, node_idx: np.ndarray, gpus: int) -> None:
+        self.job = job
+        self.index = index
+        self.node_idx = node_idx
+        self.world = len(node_idx) * gpus
+        self.rank_node = np.repeat(node_idx, gpus)
+        self.rank_gpu = np.tile(np.arange(gpus), len(node_idx))
+        self.rank_flat = self.rank_node * gpus + self.rank_gpu
+        self.ports = np.zeros(0, dtype=np.int64)
+        self.phase = "compute"
+        self.phase_left = 0.0
+        self.step = job.first_step - 1
+        self.step_start = 0.0
+        self.busy = np.zeros(self.world)
+        self.ckpt_len = 0.0
+        self.comp_len = 0.0
+        self.comm_work = 0.0
+        self.next_ckpt_t = job.checkpoint_every_s - job.since_checkpoint_s
+        self.next_eval_t = job.eval_every_s - job.since_eval_s
+        self.last_ckpt_step = job.first_step - 1
+        self.restart_pending = False
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _natural_key(name: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def _gpu_uuid(cluster: str, node: str, gpu: int) -> str:
+    h = hashlib.md5(f"{cluster}/{node}/{gpu}".encode()).hexdigest()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _pcie_gbps(gen: int, width: int) -> float:
+    """Usable PCIe bandwidth in Gb/s (128b/130b coding and ~82 % TLP efficiency)."""
+    return PCIE_GEN_GTS.get(int(gen), 32.0) * width * (128 / 130) * 0.82
+
+
+def _overlap(a: float, b: float, t0: float, t1: float) -> float:
+    return max(0.0, min(b, t1) - max(a, t0))
+
+
+class _Counters:
+    """A (rows, columns) uint64 matrix of raw totals honouring each column's width/overflow."""
+
+    def __init__(self, names: tuple[str, ...], rows: int) -> None:
+        self.values = np.zeros((rows, len(names)), dtype=np.uint64)
+        specs = [spec_for(n) for n in names]
+        self._wrap = [(i, np.uint64((1 << s.width_bits) - 1)) for i, s in enumerate(specs)
+                      if s.overflow is Overflow.WRAP and s.width_bits < 64]
+        self._sat = [(i, np.uint64((1 << s.width_bits) - 1)) for i, s in enumerate(specs)
+                     if s.overflow is Overflow.SATURATE]
+
+    def clamp(self) -> None:
+        v = self.values
+        for i, m in self._wrap:
+            v[:, i] &= m
+        for i, m in self._sat:
+            np.minimum(v[:, i], m, out=v[:, i])
+
+    def add(self, inc: np.ndarray, rows: np.ndarray | None = None) -> None:
+        inc = np.rint(np.clip(np.nan_to_num(inc, nan=0.0, posinf=0.0), 0.0, 1.8e19)).astype(np.uint64)
+        if rows is None:
+            self.values += inc
+        else:
+            self.values[rows] += inc[rows]
+        self.clamp()
+
+
+@dataclass
+class _FaultState:
+    """Faults resolved for one tick [t0, t1); arrays over ports / GPUs / switch ports / jobs."""
+    cap_ratio: np.ndarray          # port traffic cap vs nominal, tick average
+    speed_now: np.ndarray          # port speed (Gb/s) at sample time
+    up_frac: np.ndarray            # fraction of the tick the NIC link was up
+    down_now: np.ndarray           # link down at sample time
+    down_events: np.ndarray        # UP->DOWN transitions in the tick
+    down_phys: dict                # port -> phys_state label while down
+    rate_now: dict                 # port -> rate label override
+    nic_pcie_width: np.ndarray
+    tx_duty: np.ndarray            # storm: pause duty a source NIC transmits
+    xon_frames: np.ndarray
+    rx_duty: np.ndarray            # storm victims: pause duty a NIC receives
+    sw_duty: np.ndarray            # storm: duty at which a switch port is paused by its peer
+    sw_occ: np.ndarray             # storm: queue3 occupancy forced on a switch port (bytes)
+    wd_warn: np.ndarray
+    wd_err: np.ndarray
+    oos_burst: np.ndarray
+    sp_admin_down_now: np.ndarray
+    sp_up_frac: np.ndarray         # switch-to-switch ports: fraction up
+    sp_transitions: np.ndarray
+    gpu_reason: np.ndarray
+    gpu_clock_factor: np.ndarray
+    gpu_temp_boost: np.ndarray
+    gpu_power_cap: np.ndarray
+    gpu_pcie_width: np.ndarray
+    gpu_lost: np.ndarray
+    gpu_ecc_unc: np.ndarray
+    gpu_remap_unc: np.ndarray
+    rank_factor: np.ndarray        # busy multiplier per GPU (flat node*G+g)
+    node_down: np.ndarray          # no snapshot this tick
+    node_skew_s: np.ndarray
+    events: dict                   # node -> list of DeviceEvent kwargs
+    job_stall: np.ndarray          # the job's progress is blocked (hang)
+    job_restart_left: dict         # job -> seconds of restart to (re)arm
+    job_fault_speed: np.ndarray    # comm speed limit from faults (per job)
+
+
+# --------------------------------------------------------------------------- simulator
+
+
+class ClusterSimulator:
+    """A seeded, deterministic simulated cluster; see the module docstring.
+
+    Parameters
+    ----------
+    topology : the fabric (`rail_optimised` or a loaded `Topology`), two tiers: NICs to
+        leaves (role "leaf"), leaves to spines (role "spine").
+    seed : all randomness (job placement when ``jobs`` is None, noise) derives from it.
+    start_unix_ns : event time of the start; tick k samples at ``start + k * interval``.
+    jobs : the training jobs; None places ~85 % of the nodes in a few jobs (`auto_jobs`).
+    faults : `fabricwatch.collectors.faults` dataclasses, times relative to the start.
+    interval_s : sampling interval in seconds (0.05 .. 60; 0.1 for PFC-rate sampling).
+    rank_steps : emit `RankStep` messages (off for pure fabric benchmarks).
+    """
+
+    def __init__(self, topology: Topology, *, seed: int = 0, start_unix_ns: int = DEFAULT_START_UNIX_NS,
+                 jobs: list[Job] | None = None, faults=(), interval_s: float = 1.0,
+                 rank_steps: bool = True) -> None:
+        if not 0.05 <= interval_s <= 60:
+            raise ValueError(f"interval_s must be in [0.05, 60], got {interval_s!r}")
+        self.topology = topology
+        self.seed = seed
+        self.start_unix_ns = int(start_unix_ns)
+        self.interval_s = float(interval_s)
+        self.rank_steps = rank_steps
+        self.jobs = list(jobs) if jobs is not None else auto_jobs(topology, seed)
+        self._rng = np.random.default_rng([seed, 0x5EED])
+        self._t = 0.0
+        self._ticks = 0
+        self._index_topology()
+        self._index_jobs()
+        self._build_flows()
+        self.faults = self._expand_faults(list(faults))
+        self._init_state()
+        self._storm_plan = {id(f): self._plan_storm(f) for f in self.faults if isinstance(f, PfcStorm)}
+        self._truth = self._build_truth()
+        self._build_static()
+
+    # ---------------------------------------------------------------- public API
+
+    @property
+    def now_unix_ns(self) -> int:
+        """Event time of the last sample (the start before the first tick)."""
+        return self.start_unix_ns + int(round(self._t * 1e9))
+
+    @property
+    def idle_nodes(self) -> list[str]:
+        """Nodes that run no job (their NICs carry no training traffic)."""
+        return [n for i, n in enumerate(self._nodes) if self._node_job[i] < 0]
+
+    def tick(self) -> list[pb.Snapshot]:
+        """Advance by ``interval_s``; the snapshots sampled at the end (nodes, then switches)."""
+        t0 = self._t
+        self._ticks += 1
+        t1 = self._ticks * self.interval_s     # no drift from repeated addition
+        fs = self._resolve_faults(t0, t1)
+        self._apply_reboots(fs, t0, t1)
+        job_acc, steps = self._advance_jobs(fs, t0, t1)
+        self._simulate_fabric(fs, job_acc, t0, t1)
+        self._simulate_gpus(fs, job_acc, t0, t1)
+        self._t = t1
+        return self._snapshots(fs, steps, t1)
+
+    def run(self, seconds: float) -> list[list[pb.Snapshot]]:
+        """Tick for ``seconds`` of event time; the snapshots of each tick."""
+        return [self.tick() for _ in range(int(round(seconds / self.interval_s)))]
+
+    def ground_truth(self) -> list[GroundTruth]:
+        """Every injected fault as a labelled record (see `GroundTruth`), in onset order."""
+        return list(self._truth)
+
+    # ---------------------------------------------------------------- indexing
+
+    def _index_topology(self) -> None:
+        topo = self.topology
+        rng = self._rng
+        self._cluster = topo.cluster
+        self._nodes = list(topo.nodes)
+        self._node_idx = {n: i for i, n in enumerate(self._nodes)}
+        self.G = G = int(topo.gpus_per_node)
+        N = len(self._nodes)
+        nics = list(topo.nic_ports)
+        for nic in nics:
+            if nic.node not in self._node_idx:
+                raise ValueError(f"NIC {nic.node}:{nic.entity_id} belongs to no listed node")
+        self._nics = nics
+        P = len(nics)
+        self.P = P
+        self._p_node = np.array([self._node_idx[n.node] for n in nics], dtype=np.int64)
+        self._p_gpu = np.array([min(max(n.gpu_index, 0), G - 1) for n in nics], dtype=np.int64)
+        self._p_eid = [n.entity_id for n in nics]
+        self._p_key = {(n.node, n.entity_id): i for i, n in enumerate(nics)}
+        self._p_nominal_gbps = np.array([n.nominal_gbps for n in nics])
+        self._p_nominal_Bps = self._p_nominal_gbps * 1e9 / 8
+        per_node: list[list[int]] = [[] for _ in range(N)]
+        for i, n in enumerate(nics):
+            per_node[self._node_idx[n.node]].append(i)
+        self._node_ports = [np.array(p, dtype=np.int64) for p in per_node]
+        # switch ports: from the NIC cabling and the switch links
+        sw_names = list(topo.switches)
+        self._switches = sw_names
+        sw_idx = {s: i for i, s in enumerate(sw_names)}
+        self._sw_role = [topo.switches[s].role for s in sw_names]
+        ports: dict[str, dict[str, tuple]] = {s: {} for s in sw_names}
+        for i, n in enumerate(nics):
+            ports[n.switch][n.switch_port] = ("nic", i, n.nominal_gbps)
+        for link in topo.links:
+            ports[link.a_switch][link.a_port] = ("sw", (link.b_switch, link.b_port), link.nominal_speed_gbps)
+            ports[link.b_switch][link.b_port] = ("sw", (link.a_switch, link.a_port), link.nominal_speed_gbps)
+        sp_switch, sp_name, sp_kind, sp_ref, sp_speed = [], [], [], [], []
+        self._switch_ports: list[np.ndarray] = []
+        for s in sw_names:
+            start = len(sp_name)
+            for pname in sorted(ports[s], key=_natural_key):
+                kind, ref, speed = ports[s][pname]
+                sp_switch.append(sw_idx[s]); sp_name.append(pname); sp_kind.append(kind)
+                sp_ref.append(ref); sp_speed.append(speed)
+            self._switch_ports.append(np.arange(start, len(sp_name), dtype=np.int64))
+        SP = len(sp_name)
+        self.SP = SP
+        self._sp_switch = np.array(sp_switch, dtype=np.int64)
+        self._sp_name = sp_name
+        self._sp_key = {(sw_names[sp_switch[i]], sp_name[i]): i for i in range(SP)}
+        self._sp_peer_nic = np.full(SP, -1, dtype=np.int64)
+        self._sp_peer_sp = np.full(SP, -1, dtype=np.int64)
+        for i in range(SP):
+            if sp_kind[i] == "nic":
+                self._sp_peer_nic[i] = sp_ref[i]
+            else:
+                self._sp_peer_sp[i] = self._sp_key[sp_ref[i]]
+        self._sp_nominal_gbps = np.array(sp_speed, dtype=float)
+        self._p_sp = np.zeros(P, dtype=np.int64)
+        for i in range(SP):
+            if self._sp_peer_nic[i] >= 0:
+                self._p_sp[self._sp_peer_nic[i]] = i
+        self._p_switch = self._sp_switch[self._p_sp]
+        self._is_link_sp = self._sp_peer_sp >= 0
+        # leaf x spine uplink tables (for routing flows across the spines)
+        leaves = [i for i, r in enumerate(self._sw_role) if r != "spine"]
+        spines = [i for i, r in enumerate(self._sw_role) if r == "spine"]
+        self._leaf_row = {s: k for k, s in enumerate(leaves)}
+        self._spine_col = {s: k for k, s in enumerate(spines)}
+        self._lu = np.full((max(len(leaves), 1), max(len(spines), 1)), -1, dtype=np.int64)
+        self._sd = np.full_like(self._lu, -1)
+        for i in range(SP):
+            j = self._sp_peer_sp[i]
+            if j < 0:
+                continue
+            a, b = self._sp_switch[i], self._sp_switch[j]
+            if a in self._leaf_row and b in self._spine_col:
+                r, c = self._leaf_row[a], self._spine_col[b]
+                if self._lu[r, c] < 0:
+                    self._lu[r, c] = i
+                    self._sd[r, c] = j
+        # static identity labels
+        self._nic_bdf = [(_DGX_NIC_BDF[k] if k < 8 else f"0000:{(0x18 + 16 * k) % 256:02x}:00.0")
+                         for k in (n.rail for n in nics)]
+        self._nic_netdev = [n.netdev or f"eth{n.rail}" for n in nics]
+        self._gpu_ids = [f"gpu{g}" for g in range(G)]
+        self._gpu_bdf = [(_DGX_GPU_BDF[g] if g < 8 else f"0000:{(0x1b + 16 * g) % 256:02x}:00.0") for g in range(G)]
+        self._gpu_labels = [[{"uuid": _gpu_uuid(self._cluster, node, g), "pci_bdf": self._gpu_bdf[g]}
+                             for g in range(G)] for node in self._nodes]
+
+    def _index_jobs(self) -> None:
+        N = len(self._nodes)
+        self._node_job = np.full(N, -1, dtype=np.int64)
+        self._jobs: list[_JobRun] = []
+        seen: set[str] = set()
+        for j, job in enumerate(self.jobs):
+            if job.job_id in seen:
+                raise ValueError(f"job id {job.job_id!r} is used twice")
+            seen.add(job.job_id)
+            idx = []
+            for n in job.nodes:
+                if n not in self._node_idx:
+                    raise ValueError(f"job {job.job_id!r}: unknown node {n!r}")
+                k = self._node_idx[n]
+                if self._node_job[k] >= 0:
+                    raise ValueError(f"node {n!r} is in two jobs")
+                self._node_job[k] = j
+                idx.append(k)
+            jr = _JobRun(job, j, np.array(idx, dtype=np.int64), self.G)
+            jr.ports = np.concatenate([self._node_ports[k] for k in idx]) if idx else np.zeros(0, np.int64)
+            self._jobs.append(jr)
+        self._job_id_idx = {jr.job.job_id: jr.index for jr in self._jobs}
+        self._job_eff = np.array([jr.job.bw_efficiency for jr in self._jobs] + [0.0])
+
+    def _build_flows(self) -> None:
+        """Each job's all-reduce as two ring channels per NIC position: node order and a shuffle."""
+        rng = self._rng
+        src, dst, w, fjob = [], [], [], []
+        for jr in self._jobs:
+            nodes = list(jr.node_idx)
+            if len(nodes) < 2:
+                continue
+            k_max = min(len(self._node_ports[n]) for n in nodes)
+            orders = [nodes, [nodes[i] for i in rng.permutation(len(nodes))]]
+            for order in orders:
+                for i, n in enumerate(order):
+                    m = order[(i + 1) % len(order)]
+                    for k in range(k_max):
+                        src.append(self._node_ports[n][k]); dst.append(self._node_ports[m][k])
+                        w.append(0.5); fjob.append(jr.index)
+        self._f_src = np.array(src, dtype=np.int64)
+        self._f_dst = np.array(dst, dtype=np.int64)
+        self._f_w = np.array(w, dtype=float)
+        self._f_job = np.array(fjob, dtype=np.int64)
+        F = len(src)
+        self.F = F
+        leaf_row = np.array([self._leaf_row.get(int(s), -1) for s in self._p_switch], dtype=np.int64)
+        self._f_la = leaf_row[self._f_src] if F else np.zeros(0, np.int64)
+        self._f_lb = leaf_row[self._f_dst] if F else np.zeros(0, np.int64)
+        self._f_spine = np.full(F, -1, dtype=np.int64)
+        self._f_spine_pref: dict[int, list[int]] = {}
+        n_sp = self._lu.shape[1]
+        for f in range(F):
+            a, b = self._f_la[f], self._f_lb[f]
+            if a < 0 or b < 0 or a == b:
+                continue
+            common = [c for c in range(n_sp) if self._lu[a, c] >= 0 and self._lu[b, c] >= 0]
+            if not common:
+                continue
+            h = (int(self._f_src[f]) * 7919 + int(self._f_dst[f]) * 104729) % len(common)
+            pref = common[h:] + common[:h]
+            self._f_spine_pref[f] = pref
+            self._f_spine[f] = pref[0]
+        self._routes_base = self._f_spine
+        self._set_routes(self._routes_base)
+        self._p_has_flow = np.zeros(self.P, dtype=bool)
+        self._p_has_flow[self._f_src] = True
+        self._p_has_flow[self._f_dst] = True
+
+    def _set_routes(self, spine: np.ndarray) -> None:
+        self._rerouted = spine is not self._routes_base
+        remote = spine >= 0
+        s = np.where(remote, spine, 0)
+        la = np.where(remote, self._f_la, 0)
+        lb = np.where(remote, self._f_lb, 0)
+        self._f_remote = remote
+        self._f_up_src = np.where(remote, self._lu[la, s], -1)
+        self._f_sp_a = np.where(remote, self._sd[la, s], -1)
+        self._f_sp_b = np.where(remote, self._sd[lb, s], -1)
+        self._f_up_dst = np.where(remote, self._lu[lb, s], -1)
+
+    # ---------------------------------------------------------------- faults
+
+    def _nic_index(self, node: str, nic: str, what: str) -> int:
+        p = self._p_key.get((node, nic))
+        if p is None:
+            raise ValueError(f"{what}: unknown NIC port {node}:{nic}")
+        return p
+
+    def _gpu_index(self, node: str, gpu: int, what: str) -> int:
+        if node not in self._node_idx:
+            raise ValueError(f"{what}: unknown node {node!r}")
+        if not 0 <= gpu < self.G:
+            raise ValueError(f"{what}: GPU index {gpu} out of range 0..{self.G - 1}")
+        return self._node_idx[node] * self.G + gpu
+
+    def _nic_of_gpu(self, node: str, gpu: int) -> int:
+        ports = self._node_ports[self._node_idx[node]]
+        for p in ports:
+            if self._p_gpu[p] == gpu:
+                return int(p)
+        if not len(ports):
+            raise ValueError(f"node {node!r} has no NIC")
+        return int(ports[min(gpu, len(ports) - 1)])
+
+    def _expand_faults(self, faults: list) -> list:
+        """Validate every fault; add the faults that a network-caused straggler implies."""
+        out = []
+        self._derived: dict[int, object] = {}
+        for f in faults:
+            if isinstance(f, (LinkDowngrade, NicPcieDowngrade, LinkFlap)):
+                self._nic_index(f.node, f.nic, type(f).__name__)
+                if isinstance(f, LinkDowngrade) and parse_ib_rate(f.rate) is None:
+                    raise ValueError(f"LinkDowngrade: unparseable rate {f.rate!r}")
+            elif isinstance(f, (GpuPcieDowngrade, GpuXid, EccUncorrectable)):
+                self._gpu_index(f.node, f.gpu, type(f).__name__)
+            elif isinstance(f, (NodeReboot, ClockSkew)):
+                if f.node not in self._node_idx:
+                    raise ValueError(f"{type(f).__name__}: unknown node {f.node!r}")
+            elif isinstance(f, AdminToggle):
+                if (f.switch, f.port) not in self._sp_key:
+                    raise ValueError(f"AdminToggle: unknown switch port {f.switch}:{f.port}")
+            elif isinstance(f, PfcStorm):
+                for node, nic in f.sources:
+                    self._nic_index(node, nic, "PfcStorm")
+            elif isinstance(f, Straggler):
+                g = self._gpu_index(f.node, f.gpu, "Straggler")
+                if self._node_job[g // self.G] < 0:
+                    raise ValueError(f"Straggler: node {f.node!r} runs no job")
+                p = self._nic_of_gpu(f.node, f.gpu)
+                if f.cause == "nic_downgrade":
+                    d = LinkDowngrade(f.node, self._p_eid[p], f.onset_s, f.offset_s, "200 Gb/sec (4X HDR)")
+                    out.append(d)
+                    self._derived[id(d)] = f
+                elif f.cause == "storm_victim":
+                    leaf_sp = self._switch_ports[self._p_switch[p]]
+                    cands = [int(self._sp_peer_nic[s]) for s in leaf_sp
+                             if self._sp_peer_nic[s] >= 0 and self._p_node[self._sp_peer_nic[s]] != self._p_node[p]]
+                    if not cands:
+                        raise ValueError(f"Straggler(storm_victim): no other node on the leaf of {f.node}")
+                    busy = [c for c in cands if self._node_job[self._p_node[c]] >= 0]
+                    q = (busy or cands)[0]
+                    d = PfcStorm(((self._nodes[self._p_node[q]], self._p_eid[q]),), f.onset_s, f.offset_s)
+                    out.append(d)
+                    self._derived[id(d)] = f
+            else:
+                raise TypeError(f"not a fault: {f!r}")
+            out.append(f)
+        return sorted(out, key=lambda f: f.onset_s)
+
+    def _plan_storm(self, f: PfcStorm) -> dict:
+        """Who a storm pauses: the leaf's other active ports, its spine uplinks, one more hop."""
+        src = [self._p_key[(n, p)] for n, p in f.sources]
+        src_set = set(src)
+        fed = {p: bool(np.any(self._f_dst == p)) for p in src}  # traffic is queued for p
+        victims_p: set[int] = set()
+        sw1: set[int] = set()
+        sw2: set[int] = set()
+        if not f.xon_only:
+            for p in src:
+                if not fed[p]:
+                    continue
+                leaf = self._p_switch[p]
+                for sp in self._switch_ports[leaf]:
+                    q = self._sp_peer_nic[sp]
+                    if q >= 0:
+                        if q not in src_set and self._p_has_flow[q]:
+                            victims_p.add(int(q))
+                    elif self._sp_peer_sp[sp] >= 0:
+                        uses = (self._f_up_src == sp) | (self._f_up_dst == sp)
+                        if np.any(uses):
+                            sw1.add(int(self._sp_peer_sp[sp]))   # spine port facing the leaf
+                            into = self._f_up_dst == sp          # flows arriving via this spine
+                            for a in np.unique(self._f_up_src[into]):
+                                if self._sp_switch[a] != leaf:
+                                    sw2.add(int(a))              # other leaves' uplinks to that spine
+        return {"src": src, "fed": fed, "victims": sorted(victims_p), "sw1": sorted(sw1), "sw2": sorted(sw2 - sw1)}
+
+    def _resolve_faults(self, t0: float, t1: float) -> _FaultState:
+        rng = self._rng
+        P, SP, N, G = self.P, self.SP, len(self._nodes), self.G
+        dt = t1 - t0
+        nj = len(self._jobs)
+        fs = _FaultState(
+            cap_ratio=np.ones(P), speed_now=self._p_nominal_gbps.copy(), up_frac=np.ones(P),
+            down_now=np.zeros(P, bool), down_events=np.zeros(P), down_phys={}, rate_now={},
+            nic_pcie_width=np.full(P, 16.0), tx_duty=np.zeros(P), xon_frames=np.zeros(P), rx_duty=np.zeros(P),
+            sw_duty=np.zeros(SP), sw_occ=np.zeros(SP), wd_warn=np.zeros(P), wd_err=np.zeros(P),
+            oos_burst=np.zeros(P), sp_admin_down_now=np.zeros(SP, bool), sp_up_frac=np.ones(SP),
+            sp_transitions=np.zeros(SP),
+            gpu_reason=np.zeros(N * G, dtype=np.int64), gpu_clock_factor=np.ones(N * G),
+            gpu_temp_boost=np.zeros(N * G), gpu_power_cap=np.full(N * G, GPU_TDP_W),
+            gpu_pcie_width=np.full(N * G, 16.0), gpu_lost=np.zeros(N * G, bool),
+            gpu_ecc_unc=np.zeros(N * G), gpu_remap_unc=np.zeros(N * G), rank_factor=np.ones(N * G),
+            node_down=np.zeros(N, bool), node_skew_s=np.zeros(N), events={},
+            job_stall=np.zeros(nj + 1, bool), job_restart_left={}, job_fault_speed=np.ones(nj + 1),
+        )
+        gpu_ratio = np.ones(N * G)
+        for f in self.faults:
+            if f.onset_s > t1:
+                break
+            frac = _overlap(f.onset_s, f.offset_s, t0, t1) / dt
+            on_now = f.onset_s <= t1 < f.offset_s
+            if isinstance(f, LinkDowngrade):
+                p = self._p_key[(f.node, f.nic)]
+                r = parse_ib_rate(f.rate)
+                ratio = min(1.0, r.gbps / self._p_nominal_gbps[p])
+                fs.cap_ratio[p] = min(fs.cap_ratio[p], 1 - frac + frac * ratio)
+                if on_now:
+                    fs.rate_now[p] = f.rate
+                    fs.speed_now[p] = r.gbps
+            elif isinstance(f, NicPcieDowngrade):
+                p = self._p_key[(f.node, f.nic)]
+                ratio = min(1.0, _pcie_gbps(5, f.width) / self._p_nominal_gbps[p])
+                fs.cap_ratio[p] = min(fs.cap_ratio[p], 1 - frac + frac * ratio)
+                if on_now:
+                    fs.nic_pcie_width[p] = f.width
+            elif isinstance(f, GpuPcieDowngrade):
+                g = self._node_idx[f.node] * G + f.gpu
+                gpu_ratio[g] = min(gpu_ratio[g], 1 - frac + frac * min(1.0, _pcie_gbps(5, f.width) / _pcie_gbps(5, 16)))
+                if on_now:
+                    fs.gpu_pcie_width[g] = f.width
+            elif isinstance(f, LinkFlap):
+                p = self._p_key[(f.node, f.nic)]
+                for a, b in f.intervals():
+                    down = _overlap(a, b, t0, t1) / dt
+                    if down > 0 or t0 <= a < t1 or t0 <= b < t1:
+                        fs.up_frac[p] -= down
+                        fs.down_events[p] += 1 if t0 <= a < t1 else 0
+                        fs.sp_transitions[self._p_sp[p]] += (t0 <= a < t1) + (t0 <= b < t1)
+                        fs.oos_burst[p] += 1 if t0 <= b < t1 else 0
+                    if a <= t1 < b:
+                        fs.down_now[p] = True
+                        fs.down_phys[p] = "3: Disabled"
+            elif isinstance(f, AdminToggle):
+                sp = self._sp_key[(f.switch, f.port)]
+                down = frac
+                starts, ends = t0 <= f.onset_s < t1, t0 <= f.offset_s < t1
+                if down > 0 or starts or ends:
+                    peers = [sp]
+                    if self._sp_peer_sp[sp] >= 0:
+                        peers.append(int(self._sp_peer_sp[sp]))
+                    for s in peers:
+                        fs.sp_up_frac[s] -= down
+                        fs.sp_transitions[s] += starts + ends
+                    q = self._sp_peer_nic[sp]
+                    if q >= 0:
+                        fs.up_frac[q] -= down
+                        fs.down_events[q] += 1 if starts else 0
+                        fs.oos_burst[q] += 1 if ends else 0
+                if on_now:
+                    fs.sp_admin_down_now[sp] = True
+                    q = self._sp_peer_nic[sp]
+                    if q >= 0:
+                        fs.down_now[q] = True
+                        fs.down_phys[q] = "2: Polling"
+            elif isinstance(f, PfcStorm):
+                self._resolve_storm(f, fs, t0, t1, dt, rng)
+            elif isinstance(f, Straggler):
+                g = self._node_idx[f.node] * G + f.gpu
+                if frac > 0 or on_now:
+                    if f.cause in ("thermal", "sw_thermal", "power", "none"):
+                        fs.rank_factor[g] = max(fs.rank_factor[g], f.factor)
+                    if f.cause in ("thermal", "sw_thermal"):
+                        fs.gpu_reason[g] |= REASON_HW_THERMAL if f.cause == "thermal" else REASON_SW_THERMAL
+                        fs.gpu_clock_factor[g] = min(fs.gpu_clock_factor[g], 1.0 / f.factor)
+                        fs.gpu_temp_boost[g] = max(fs.gpu_temp_boost[g], 18.0)
+                    elif f.cause == "power":
+                        fs.gpu_reason[g] |= REASON_SW_POWER_CAP
+                        fs.gpu_clock_factor[g] = min(fs.gpu_clock_factor[g], 1.0 / f.factor)
+                        fs.gpu_power_cap[g] = min(fs.gpu_power_cap[g], GPU_TDP_W * 0.95 / f.factor ** 1.5)
+            elif isinstance(f, GpuXid):
+                n = self._node_idx[f.node]
+                g = n * G + f.gpu
+                for t in f.occurrences(until_s=t1):
+                    if t0 <= t < t1:
+                        fs.events.setdefault(n, []).append(("xid", f.gpu, f.code, t))
+                        if f.code in XID_UNCORRECTABLE_ECC:
+                            fs.gpu_ecc_unc[g] += 1
+                if f.code in XID_GPU_LOST and f.onset_s < t1:
+                    if t1 < f.offset_s:
+                        fs.gpu_lost[g] = True
+                        fs.job_stall[self._node_job[n]] = True
+                    elif t0 <= f.offset_s < t1:   # the GPU is back: its job restarts
+                        fs.job_restart_left[self._node_job[n]] = 30.0
+            elif isinstance(f, EccUncorrectable):
+                n = self._node_idx[f.node]
+                g = n * G + f.gpu
+                if t0 <= f.onset_s < t1:
+                    fs.gpu_ecc_unc[g] += f.count
+                    fs.gpu_remap_unc[g] += 1
+                    fs.events.setdefault(n, []).append(("ecc_dbe", f.gpu, f.count, f.onset_s))
+            elif isinstance(f, NodeReboot):
+                n = self._node_idx[f.node]
+                if frac > 0 or on_now or t0 <= f.offset_s < t1:
+                    ports = self._node_ports[n]
+                    fs.up_frac[ports] -= frac
+                    fs.down_now[ports] |= on_now
+                    starts, ends = t0 <= f.onset_s < t1, t0 <= f.offset_s < t1
+                    fs.sp_transitions[self._p_sp[ports]] += starts + ends
+                    if on_now:
+                        fs.node_down[n] = True
+                if t0 <= f.onset_s < t1 and self._node_job[n] >= 0:
+                    fs.job_restart_left[self._node_job[n]] = (f.onset_s + f.down_s - t0) + f.restart_s
+            elif isinstance(f, ClockSkew):
+                if on_now:
+                    fs.node_skew_s[self._node_idx[f.node]] += f.skew_s
+        np.clip(fs.up_frac, 0.0, 1.0, out=fs.up_frac)
+        np.clip(fs.sp_up_frac, 0.0, 1.0, out=fs.sp_up_frac)
+        # GPU PCIe limits the NIC that does GPUDirect RDMA for it
+        fs.cap_ratio = np.minimum(fs.cap_ratio, gpu_ratio[self._p_node * G + self._p_gpu])
+        # the jobs' comm speed limit from faults: slowest link, paused ports, blocked flows
+        if self.F:
+            f_pass = (fs.up_frac[self._f_src] * fs.up_frac[self._f_dst] * (1 - fs.tx_duty[self._f_dst])
+                      * np.minimum(fs.cap_ratio[self._f_src], fs.cap_ratio[self._f_dst])
+                      * (1 - fs.rx_duty[self._f_src]))
+            rem = self._f_remote
+            if np.any(rem):
+                f_pass[rem] *= (1 - fs.sw_duty[self._f_up_src[rem]]) * (1 - fs.sw_duty[self._f_sp_b[rem]])
+            np.minimum.at(fs.job_fault_speed, self._f_job, f_pass)
+        return fs
+
+    def _resolve_storm(self, f: PfcStorm, fs: _FaultState, t0: float, t1: float, dt: float, rng) -> None:
+        plan = self._storm_plan[id(f)]
+        end = f.effective_offset_s
+        frac = _overlap(f.onset_s, end, t0, t1) / dt
+        on_now = f.onset_s <= t1 < end
+        if f.nic_watchdog_ms is not None and not f.xon_only:
+            tw = f.nic_watchdog_ms / 1000.0
+            warn_t, err_t = f.onset_s + 0.85 * tw, f.onset_s + tw
+            for p in plan["src"]:
+                if t0 <= warn_t < t1 and warn_t < f.offset_s:
+                    fs.wd_warn[p] += 1
+                if t0 <= err_t < t1 and err_t < f.offset_s:
+                    fs.wd_err[p] += 1
+        if frac <= 0 and not on_now:
+            return
+        if f.xon_only:
+            for p in plan["src"]:
+                fs.xon_frames[p] += XON_FRAMES_PER_S * frac * dt
+            return
+        for p in plan["src"]:
+            fs.tx_duty[p] = max(fs.tx_duty[p], min(1.0, frac * f.duty * rng.uniform(0.998, 1.0)))
+            if on_now and plan["fed"][p]:
+                fs.sw_occ[self._p_sp[p]] = max(fs.sw_occ[self._p_sp[p]], rng.uniform(2.5e6, 6e6))
+            if f.stuck_host:
+                fs.job_stall[self._node_job[self._p_node[p]]] = True
+        for q in plan["victims"]:
+            fs.rx_duty[q] = max(fs.rx_duty[q], frac * rng.uniform(0.85, 0.99))
+        for sp in plan["sw1"]:
+            fs.sw_duty[sp] = max(fs.sw_duty[sp], frac * rng.uniform(0.88, 0.99))
+            if on_now:
+                fs.sw_occ[sp] = max(fs.sw_occ[sp], rng.uniform(1e6, 4e6))
+        for sp in plan["sw2"]:
+            fs.sw_duty[sp] = max(fs.sw_duty[sp], frac * rng.uniform(0.3, 0.7))
+            if on_now:
+                fs.sw_occ[sp] = max(fs.sw_occ[sp], rng.uniform(2e5, 1e6))
+
+    def _apply_reboots(self, fs: _FaultState, t0: float, t1: float) -> None:
+        """At the moment a node reboots its totals restart from 0 (the switch keeps counting)."""
+        for f in self.faults:
+            if isinstance(f, NodeReboot) and t0 <= f.onset_s < t1:
+                n = self._node_idx[f.node]
+                self._nic.values[self._node_ports[n]] = 0
+                rows = np.arange(n * self.G, (n + 1) * self.G)
+                self._gpu.values[rows] = 0      # remapped rows live in the InfoROM: kept
+
+    # ---------------------------------------------------------------- state
+
+    def _init_state(self) -> None:
+        rng = self._rng
+        N, G, P, SP = len(self._nodes), self.G, self.P, self.SP
+        uptime = rng.uniform(2, 60, N) * 86400.0
+        up_p = uptime[self._p_node]
+        util = rng.uniform(0.1, 0.4, P)
+        words = up_p * util * self._p_nominal_Bps / 4
+        self._nic = _Counters(NIC_COUNTERS, P)
+        v = np.zeros((P, len(NIC_COUNTERS)))
+        c = _NC
+        # links: per-port pre-FEC BER; ~2 % marginal links that also see symbol errors
+        self._p_ber = np.exp(rng.normal(np.log(5e-8), 1.0, P))
+        self._p_marginal = rng.random(P) < 0.02
+        v[:, c["port_xmit_data"]] = words * rng.uniform(0.98, 1.02, P)
+        v[:, c["port_rcv_data"]] = words
+        v[:, c["port_xmit_packets"]] = v[:, c["port_xmit_data"]] * 4 / 3900
+        v[:, c["port_rcv_packets"]] = words * 4 / 3900
+        v[:, c["port_xmit_wait"]] = rng.uniform(0, 2 ** 32, P)
+        v[:, c["symbol_error"]] = np.where(self._p_marginal, rng.integers(0, 3000, P), 0)
+        v[:, c["symbol_error"]] = np.where(rng.random(P) < 0.003, 65535, v[:, c["symbol_error"]])
+        v[:, c["port_rcv_errors"]] = np.where(self._p_marginal, rng.integers(0, 50, P), 0)
+        v[:, c["link_downed"]] = rng.choice([0, 0, 0, 1, 1, 2], P)
+        v[:, c["link_error_recovery"]] = np.where(rng.random(P) < 0.05, 1, 0)
+        v[:, c["out_of_sequence"]] = rng.integers(0, 200_000, P)
+        v[:, c["np_ecn_marked_roce_packets"]] = v[:, c["port_rcv_packets"]] * rng.uniform(1e-3, 5e-3, P)
+        v[:, c["np_cnp_sent"]] = v[:, c["np_ecn_marked_roce_packets"]] * 0.35
+        v[:, c["rp_cnp_handled"]] = v[:, c["np_cnp_sent"]] * rng.uniform(0.95, 1.05, P)
+        v[:, c["rx_prio3_pause_duration"]] = up_p * 1e6 * rng.uniform(1e-3, 8e-3, P)
+        v[:, c["rx_prio3_pause"]] = v[:, c["rx_prio3_pause_duration"]] / 12
+        v[:, c["tx_prio3_pause_duration"]] = up_p * 1e6 * rng.uniform(0, 2e-4, P)
+        v[:, c["tx_prio3_pause"]] = v[:, c["tx_prio3_pause_duration"]] / 12
+        v[:, c["rx_prio3_bytes"]] = v[:, c["port_rcv_data"]] * 4
+        v[:, c["tx_prio3_bytes"]] = v[:, c["port_xmit_data"]] * 4
+        v[:, c["rx_prio3_packets"]] = v[:, c["port_rcv_packets"]]
+        v[:, c["tx_prio3_packets"]] = v[:, c["port_xmit_packets"]]
+        v[:, c["link_down_events_phy"]] = v[:, c["link_downed"]]
+        v[:, c["rx_bits_phy"]] = up_p * self._p_nominal_gbps * 1e9
+        v[:, c["rx_corrected_bits_phy"]] = v[:, c["rx_bits_phy"]] * self._p_ber
+        v[:, c["rx_pcs_symbol_err_phy"]] = np.where(self._p_marginal, rng.integers(0, 500, P), 0)
+        self._nic.values[:] = np.floor(v).astype(np.uint64)
+        self._nic.clamp()
+        # GPUs
+        NG = N * G
+        self._gpu = _Counters(GPU_COUNTERS, NG)
+        g_up = np.repeat(uptime, G)
+        self._gpu_ecc_rate = np.where(rng.random(NG) < 0.03, rng.uniform(1e-3, 0.05, NG), 0.0)
+        self._gpu_replay_rate = np.where(rng.random(NG) < 0.02, rng.uniform(1e-4, 2e-3, NG), 0.0)
+        gv = np.zeros((NG, len(GPU_COUNTERS)))
+        gv[:, _GC["ecc_corrected_volatile_total"]] = np.floor(self._gpu_ecc_rate * g_up * 0.1)
+        gv[:, _GC["pcie_replay_total"]] = np.floor(self._gpu_replay_rate * g_up)
+        gv[:, _GC["energy_mj"]] = g_up * rng.uniform(250, 500, NG) * 1000
+        self._gpu.values[:] = gv.astype(np.uint64)
+        self._gpu_remap_corr = np.where(rng.random(NG) < 0.02, rng.integers(1, 4, NG), 0).astype(float)
+        self._gpu_remap_unc = np.zeros(NG)
+        self._gpu_hot = rng.uniform(0.95, 1.1, NG)       # per-GPU power appetite
+        self._node_inlet = rng.uniform(22, 30, N)
+        busy_w = np.where(self._node_job >= 0, 560.0, GPU_IDLE_W)
+        self._gpu_temp = np.repeat(self._node_inlet + 0.065 * busy_w, G) + rng.normal(0, 1.5, NG)
+        self._gpu_gauges = np.full((NG, len(GPU_GAUGES)), np.nan)
+        self._gpu_prev_lost = np.zeros(NG, bool)
+        # switch ports
+        self._sw = _Counters(SWITCH_COUNTERS, SP)
+        sw_up = rng.uniform(30, 400, len(self._switches))[self._sp_switch] * 86400.0
+        sv = np.zeros((SP, len(SWITCH_COUNTERS)))
+        octets = sw_up * rng.uniform(0.1, 0.35, SP) * self._sp_nominal_gbps * 1e9 / 8
+        sv[:, _SC["in-octets"]] = octets
+        sv[:, _SC["out-octets"]] = octets * rng.uniform(0.97, 1.03, SP)
+        sv[:, _SC["in-pkts"]] = octets / 3900
+        sv[:, _SC["out-pkts"]] = sv[:, _SC["out-octets"]] / 3900
+        sv[:, _SC["in-errors"]] = np.where(rng.random(SP) < 0.03, rng.integers(1, 400, SP), 0)
+        sv[:, _SC["in-discards"]] = rng.integers(0, 20, SP)
+        sv[:, _SC["out-discards"]] = rng.integers(0, 200, SP)
+        sv[:, _SC["interface-transitions"]] = 2 * rng.integers(1, 6, SP)
+        sv[:, _SC["pfc3-rx-pause-duration-us"]] = sw_up * 1e6 * rng.uniform(1e-5, 5e-4, SP)
+        sv[:, _SC["pfc3-rx-pkts"]] = sv[:, _SC["pfc3-rx-pause-duration-us"]] / 12
+        sv[:, _SC["pfc3-tx-pkts"]] = sw_up * 1e6 * rng.uniform(1e-3, 8e-3, SP) / 12
+        sv[:, _SC["queue3-transmit-octets"]] = sv[:, _SC["out-octets"]] * 0.999
+        sv[:, _SC["queue3-transmit-pkts"]] = sv[:, _SC["out-pkts"]] * 0.999
+        self._sw.values[:] = sv.astype(np.uint64)
+        self._sw_marginal = rng.random(SP) < 0.02
+        self._sw_gauges = np.zeros((SP, len(SWITCH_PORT_GAUGES)))
+        # congestion processes
+        S = len(self._switches)
+        self._leaf_level = np.zeros(S)
+        self._leaf_left = np.zeros(S)
+        self._nic_slow_level = np.zeros(P)
+        self._nic_slow_left = np.zeros(P)
+        self._p_act = np.zeros(P)
+        # clocks and sequence numbers
+        self._node_clock_ns = np.clip(rng.normal(0, 2e6, N), -5e6, 5e6)
+        self._seq_node = np.zeros(N, dtype=np.int64)
+        self._seq_sw = np.zeros(S, dtype=np.int64)
+        self._nic_gauges = np.zeros((P, len(NIC_GAUGES)))
+        # jobs start at a random point of a step
+        for jr in self._jobs:
+            self._start_step(jr, 0.0, np.ones(N * G))
+            jr.step_start = -float(rng.uniform(0, jr.comp_len))
+            jr.phase_left = max(jr.comp_len + jr.step_start, 1e-3)
+
+    # ---------------------------------------------------------------- jobs
+
+    def _start_step(self, jr: _JobRun, t: float, rank_factor: np.ndarray) -> None:
+        rng = self._rng
+        job = jr.job
+        jr.step += 1
+        jr.step_start = t
+        common = 1.0 + rng.normal(0, 0.02)
+        busy = job.step_compute_s * common * (1.0 + rng.normal(0, 0.012, jr.world)) * rank_factor[jr.rank_flat]
+        if rng.random() < 0.004:     # a rank hiccups once (GC pause, data loader)
+            busy[rng.integers(jr.world)] *= rng.uniform(1.5, 3.0)
+        busy = np.maximum(busy, 1e-3)
+        ckpt_len = 0.0
+        if t >= jr.next_ckpt_t:
+            ck = job.checkpoint_s * rng.uniform(0.9, 1.1) * rng.uniform(0.97, 1.0, jr.world)
+            ckpt_len = float(ck.max())
+            busy = busy + ck
+            jr.next_ckpt_t = t + job.checkpoint_every_s
+            jr.last_ckpt_step = jr.step - 1
+        jr.busy = busy
+        jr.ckpt_len = ckpt_len
+        jr.comp_len = float(busy.max()) - ckpt_len
+        slow_net = rng.uniform(2.0, 4.0) if rng.random() < 0.003 else 1.0
+        jr.comm_work = job.step_comm_s * rng.uniform(0.95, 1.05) * slow_net
+        jr.phase = "ckpt" if ckpt_len > 0 else "compute"
+        jr.phase_left = ckpt_len if ckpt_len > 0 else jr.comp_len
+
+    def _advance_jobs(self, fs: _FaultState, t0: float, t1: float):
+        """Run every job's phase machine over [t0, t1); phase seconds per job, finished steps."""
+        nj = len(self._jobs)
+        acc = np.zeros((nj + 1, 6))   # ckpt, compute, comm(incl. hung), eval, restart, comm work
+        col = {"ckpt": 0, "compute": 1, "comm": 2, "eval": 3, "restart": 4}
+        # healthy congestion slows the collective a little
+        lvl = self._leaf_level[self._p_switch]
+        steps = []
+        for jr in self._jobs:
+            j = jr.index
+            if j in fs.job_restart_left:
+                jr.phase = "restart"
+                jr.phase_left = fs.job_restart_left[j]
+                jr.step = jr.last_ckpt_step
+            speed_comm = float(fs.job_fault_speed[j])
+            if len(jr.ports):
+                speed_comm *= 1.0 - 0.6 * float(lvl[jr.ports].mean())
+            stalled = bool(fs.job_stall[j])
+            t = t0
+            guard = 0
+            while t < t1 - 1e-12 and guard < 10_000:
+                guard += 1
+                if stalled and jr.phase != "restart":
+                    acc[j, 2] += t1 - t          # hung in (or waiting for) the collective
+                    break
+                speed = speed_comm if jr.phase == "comm" else 1.0
+                if speed <= 1e-9:
+                    acc[j, col[jr.phase]] += t1 - t
+                    break
+                need = jr.phase_left / speed
+                if need > t1 - t:
+                    jr.phase_left -= (t1 - t) * speed
+                    acc[j, col[jr.phase]] += t1 - t
+                    if jr.phase == "comm":
+                        acc[j, 5] += (t1 - t) * speed
+                    break
+                acc[j, col[jr.phase]] += need
+                if jr.phase == "comm":
+                    acc[j, 5] += jr.phase_left
+                t += need
+                jr.phase_left = 0.0
+                self._next_phase(jr, t, fs, steps)
+        return acc, steps
+
+    def _next_phase(self, jr: _JobRun, t: float, fs: _FaultState, steps: list) -> None:
+        if jr.phase == "ckpt":
+            jr.phase, jr.phase_left = "compute", jr.comp_len
+        elif jr.phase == "compute":
+            jr.phase, jr.phase_left = "comm", jr.comm_work
+        elif jr.phase == "comm":
+            steps.append((jr, jr.step, jr.step_start, t - jr.step_start, jr.busy))
+            if t >= jr.next_eval_t:
+                jr.phase = "eval"
+                jr.phase_left = jr.job.eval_s * self._rng.uniform(0.9, 1.1)
+                jr.next_eval_t = t + jr.phase_left + jr.job.eval_every_s
+            else:
+                self._start_step(jr, t, fs.rank_factor)
+        else:  # eval, restart
+            self._start_step(jr, t, fs.rank_factor)
+
+    # ---------------------------------------------------------------- fabric
+
+    def _simulate_fabric(self, fs: _FaultState, acc: np.ndarray, t0: float, t1: float) -> None:
+        rng = self._rng
+        dt = t1 - t0
+        P, SP = self.P, self.SP
+        pj = self._node_job[self._p_node]                      # -1 = idle -> row nj (zeros)
+        pj = np.where(pj < 0, len(self._jobs), pj)
+        # line-rate seconds of traffic each port would send in the tick
+        line_s = acc[pj, 5] + 0.02 * acc[pj, 1] + 0.05 * acc[pj, 3] + 0.002 * acc[pj, 0]
+        act = np.clip(line_s / dt * self._job_eff[pj], 0.0, 1.0) * self._p_has_flow
+        # --- healthy congestion: leaf incast episodes (bursty, correlated with comm bursts)
+        S = len(self._switches)
+        leaf_act = np.bincount(self._p_switch, weights=act, minlength=S) / np.maximum(
+            np.bincount(self._p_switch, minlength=S), 1)
+        # an episode's level is the pause duty during the comm bursts, the sampled duty is
+        # that times the fraction of the interval spent bursting
+        start = (self._leaf_left <= 0) & (rng.random(S) < 1 - np.exp(-0.15 * dt * np.minimum(1.0, 3 * leaf_act)))
+        self._leaf_left = np.where(start, rng.exponential(3.0, S), self._leaf_left - dt)
+        self._leaf_level = np.where(start, np.clip(rng.lognormal(np.log(0.25), 0.7, S), 0, 0.9),
+                                    np.where(self._leaf_left > 0, self._leaf_level, 0.0))
+        lvl = self._leaf_level[self._p_switch]
+        base = np.where(rng.random(P) < 0.35, rng.exponential(0.03, P), 0.0)
+        h_rx = np.clip(act * (base + lvl * rng.uniform(0.3, 1.5, P)), 0.0, 0.6)
+        # slow receivers: a NIC occasionally pauses its leaf for a little while
+        s_start = (self._nic_slow_left <= 0) & (rng.random(P) < 1 - np.exp(-0.005 * dt))
+        self._nic_slow_left = np.where(s_start, rng.exponential(2.0, P), self._nic_slow_left - dt)
+        self._nic_slow_level = np.where(s_start, rng.uniform(0.002, 0.03, P),
+                                        np.where(self._nic_slow_left > 0, self._nic_slow_level, 0.0))
+        h_tx = act * self._nic_slow_level
+        rx_duty = np.maximum(h_rx, fs.rx_duty) * fs.up_frac
+        tx_duty = np.maximum(h_tx * fs.up_frac, fs.tx_duty)
+        # --- traffic
+        eff = self._job_eff[pj]
+        want = line_s * self._p_nominal_Bps * eff * rng.uniform(0.97, 1.0, P)
+        cap = fs.cap_ratio * self._p_nominal_Bps * dt * fs.up_frac * (1 - rx_duty) * 0.97
+        base_tx = np.minimum(want, cap)
+        # switch-link pause duty (healthy: spines and leaves pausing each other a little)
+        sw_h = np.zeros(SP)
+        link = self._is_link_sp
+        if np.any(link):
+            peer_lvl = self._leaf_level[self._sp_switch[np.where(link, self._sp_peer_sp, 0)]]
+            nl = int(link.sum())
+            sw_h[link] = np.clip(0.25 * peer_lvl[link] * rng.uniform(0.2, 1.2, nl)
+                                 + np.where(rng.random(nl) < 0.2, rng.exponential(0.004, nl), 0.0), 0.0, 0.4)
+            # only links that carry traffic get paused: scale by the leaf end's activity
+            sw_h[link] *= np.minimum(1.0, 2 * (leaf_act[self._sp_switch[link]]
+                                               + leaf_act[self._sp_switch[self._sp_peer_sp[link]]]))
+        sw_duty = np.maximum(sw_h, fs.sw_duty) * fs.sp_up_frac
+        # routes: reroute around switch links that are down
+        if np.any(fs.sp_up_frac[link] < 1.0):
+            spine = self._routes_base.copy()
+            for f, pref in self._f_spine_pref.items():
+                for c in pref:
+                    a, b = self._lu[self._f_la[f], c], self._lu[self._f_lb[f], c]
+                    if fs.sp_up_frac[a] >= 1.0 and fs.sp_up_frac[b] >= 1.0:
+                        spine[f] = c
+                        break
+            self._set_routes(spine)
+        elif self._rerouted:
+            self._set_routes(self._routes_base)
+        F = self.F
+        tx = np.zeros(P)
+        rx = np.zeros(P)
+        sw_in = np.zeros(SP)
+        sw_out = np.zeros(SP)
+        sw_in_p = np.zeros(SP)
+        sw_out_p = np.zeros(SP)
+        cnp_handled = np.zeros(P)
+        if F:
+            src, dst = self._f_src, self._f_dst
+            pass_ = fs.up_frac[dst] * (1 - tx_duty[dst]) * rng.uniform(0.98, 1.0, F)
+            rem = self._f_remote
+            if np.any(rem):
+                pass_[rem] *= (1 - sw_duty[self._f_up_src[rem]]) * (1 - sw_duty[self._f_sp_b[rem]])
+            fb = base_tx[src] * self._f_w * np.clip(pass_, 0, 1)
+            fpk = fb / WIRE_PKT_BYTES
+            apk = fpk * ACKS_PER_DATA_PKT
+            ab = apk * ACK_BYTES
+            tx = np.bincount(src, fb, P) + np.bincount(dst, ab, P)
+            rx = np.bincount(dst, fb, P) + np.bincount(src, ab, P)
+            tx_pk = np.bincount(src, fpk, P) + np.bincount(dst, apk, P)
+            rx_pk = np.bincount(dst, fpk, P) + np.bincount(src, apk, P)
+            if np.any(rem):
+                us, sa, sb, ud = (self._f_up_src[rem], self._f_sp_a[rem], self._f_sp_b[rem], self._f_up_dst[rem])
+                b_, pk_ = fb[rem], fpk[rem]
+                ab_, apk_ = ab[rem], apk[rem]
+                # data: src leaf uplink out -> spine port(a) in -> spine port(b) out -> dst leaf uplink in
+                sw_out += np.bincount(us, b_, SP) + np.bincount(ud, ab_, SP)
+                sw_in += np.bincount(sa, b_, SP) + np.bincount(sb, ab_, SP)
+                sw_out += np.bincount(sb, b_, SP) + np.bincount(sa, ab_, SP)
+                sw_in += np.bincount(ud, b_, SP) + np.bincount(us, ab_, SP)
+                sw_out_p += np.bincount(us, pk_, SP) + np.bincount(ud, apk_, SP) + np.bincount(sb, pk_, SP) + np.bincount(sa, apk_, SP)
+                sw_in_p += np.bincount(sa, pk_, SP) + np.bincount(sb, apk_, SP) + np.bincount(ud, pk_, SP) + np.bincount(us, apk_, SP)
+        else:
+            tx_pk = np.zeros(P)
+            rx_pk = np.zeros(P)
+        rx_frac = np.clip(rx / np.maximum(self._p_nominal_Bps * dt, 1.0), 0, 1)
+        # --- ECN marks at the receiver, CNPs back to the senders
+        mark_p = np.clip(0.0015 + 0.12 * lvl * rng.uniform(0.3, 1.5, P), 0, 0.3) * (rx_frac > 1e-4)
+        marked = (rx_pk - np.bincount(self._f_src, apk, P) if F else rx_pk) * mark_p   # data packets only
+        cnp_sent = marked * rng.uniform(0.25, 0.45, P)
+        if F:
+            share = fpk / np.maximum(np.bincount(dst, fpk, P)[dst], 1e-9)
+            cnp_handled = np.bincount(src, cnp_sent[dst] * share, P)
+        # --- pause frames: healthy pauses are short XOFF/XON episodes, storms continuous XOFF
+        refresh_us = PAUSE_QUANTA * 512 / (np.maximum(fs.speed_now, 1.0) * 1e3) / 2
+        ep_us = rng.uniform(8, 40, P)
+        rx_us = rx_duty * dt * 1e6
+        tx_us = tx_duty * dt * 1e6
+        rx_frames = np.where(fs.rx_duty > h_rx, rx_us / refresh_us, 2 * rx_us / ep_us)
+        tx_frames = np.where(fs.tx_duty > h_tx, tx_us / refresh_us, 2 * tx_us / ep_us) + fs.xon_frames
+        # --- link quality
+        bits = fs.speed_now * 1e9 * dt * fs.up_frac
+        corrected = bits * self._p_ber * rng.uniform(0.8, 1.2, P)
+        m = self._p_marginal
+        inc = np.zeros((P, len(NIC_COUNTERS)))
+        c = _NC
+        inc[:, c["port_xmit_data"]] = tx / 4
+        inc[:, c["port_rcv_data"]] = rx / 4
+        inc[:, c["port_xmit_packets"]] = tx_pk
+        inc[:, c["port_rcv_packets"]] = rx_pk
+        inc[:, c["port_xmit_wait"]] = rx_us * XMIT_WAIT_TICKS_PER_US * (act > 0)
+        inc[:, c["symbol_error"]] = rng.poisson(np.where(m, 0.02, 0.0) * dt, P) + fs.down_events * rng.integers(0, 3, P)
+        inc[:, c["port_rcv_errors"]] = rng.poisson(np.where(m, 0.002, 0.0) * dt, P)
+        inc[:, c["link_downed"]] = fs.down_events
+        inc[:, c["link_error_recovery"]] = 0
+        inc[:, c["out_of_sequence"]] = rng.poisson(rx_pk * 2e-10 + fs.oos_burst * 40, P)
+        inc[:, c["np_cnp_sent"]] = cnp_sent
+        inc[:, c["np_ecn_marked_roce_packets"]] = marked
+        inc[:, c["rp_cnp_handled"]] = cnp_handled
+        inc[:, c["rx_prio3_pause"]] = rx_frames
+        inc[:, c["tx_prio3_pause"]] = tx_frames
+        inc[:, c["rx_prio3_pause_duration"]] = rx_us
+        inc[:, c["tx_prio3_pause_duration"]] = tx_us
+        inc[:, c["rx_prio3_bytes"]] = rx
+        inc[:, c["tx_prio3_bytes"]] = tx
+        inc[:, c["rx_prio3_packets"]] = rx_pk
+        inc[:, c["tx_prio3_packets"]] = tx_pk
+        inc[:, c["tx_pause_storm_warning_events"]] = fs.wd_warn
+        inc[:, c["tx_pause_storm_error_events"]] = fs.wd_err
+        inc[:, c["link_down_events_phy"]] = fs.down_events
+        inc[:, c["rx_corrected_bits_phy"]] = corrected
+        inc[:, c["rx_bits_phy"]] = bits
+        inc[:, c["rx_pcs_symbol_err_phy"]] = rng.poisson(np.where(m, 0.05, 0.0) * dt, P)
+        live = ~fs.node_down[self._p_node] | (fs.up_frac > 0)
+        self._nic.add(inc, rows=np.nonzero(live)[0])
+        self._p_act = act
+        # --- NIC gauges at sample time
+        g = self._nic_gauges
+        g[:, 0] = np.where(fs.down_now, -1.0, fs.speed_now * 1000.0)
+        g[:, 1] = fs.nic_pcie_width
+        g[:, 2] = 16.0
+        g[:, 3] = 5.0
+        g[:, 4] = 5.0
+        self._fs_labels = (fs.rate_now, fs.down_now, fs.down_phys)
+        # --- switch ports
+        sinc = np.zeros((SP, len(SWITCH_COUNTERS)))
+        sc = _SC
+        dl = self._sp_peer_nic >= 0
+        q = self._sp_peer_nic[dl]
+        ctrl = CTRL_BYTES_PER_S * dt
+        up_dl = fs.up_frac[q]
+        sw_in[dl] = tx[q] + ctrl * up_dl
+        sw_out[dl] = rx[q] + ctrl * up_dl
+        sw_in_p[dl] = tx_pk[q] + ctrl / 100 * up_dl
+        sw_out_p[dl] = rx_pk[q] + ctrl / 100 * up_dl
+        rdma_out = sw_out.copy()
+        rdma_out_p = sw_out_p.copy()
+        rdma_out[dl] = rx[q]
+        rdma_out_p[dl] = rx_pk[q]
+        sp_rx_us = np.zeros(SP)
+        sp_rx_frames = np.zeros(SP)
+        sp_tx_frames = np.zeros(SP)
+        sp_rx_us[dl] = tx_us[q]
+        sp_rx_frames[dl] = tx_frames[q]
+        sp_tx_frames[dl] = rx_frames[q]
+        if np.any(link):
+            li = np.nonzero(link)[0]
+            us_ = sw_duty[li] * dt * 1e6
+            sp_speed = self._sp_nominal_gbps[li]
+            fr = np.where(fs.sw_duty[li] > sw_h[li], us_ / (PAUSE_QUANTA * 512 / (sp_speed * 1e3) / 2),
+                          2 * us_ / rng.uniform(8, 40, li.size))
+            sp_rx_us[li] = us_
+            sp_rx_frames[li] = fr
+            sp_tx_frames[self._sp_peer_sp[li]] = fr
+        sinc[:, sc["in-octets"]] = sw_in
+        sinc[:, sc["out-octets"]] = sw_out
+        sinc[:, sc["in-pkts"]] = sw_in_p
+        sinc[:, sc["out-pkts"]] = sw_out_p
+        sm = self._sw_marginal
+        sinc[:, sc["in-errors"]] = rng.poisson(np.where(sm, 0.01, 0.0) * dt, SP)
+        sinc[:, sc["in-discards"]] = rng.poisson(1e-4 * dt, SP)
+        sinc[:, sc["out-discards"]] = rng.poisson(2e-4 * dt + fs.sp_transitions * 5, SP)
+        sinc[:, sc["interface-transitions"]] = fs.sp_transitions
+        sinc[:, sc["pfc3-rx-pkts"]] = sp_rx_frames
+        sinc[:, sc["pfc3-tx-pkts"]] = sp_tx_frames
+        sinc[:, sc["pfc3-rx-pause-duration-us"]] = sp_rx_us
+        sinc[:, sc["queue3-transmit-pkts"]] = rdma_out_p
+        sinc[:, sc["queue3-transmit-octets"]] = rdma_out
+        self._sw.add(sinc)
+        # switch gauges
+        sg = self._sw_gauges
+        speed = self._sp_nominal_gbps.copy()
+        speed[dl] = np.where(fs.down_now[q], self._sp_nominal_gbps[dl], fs.speed_now[q])
+        oper = np.ones(SP)
+        oper[dl] = ~fs.down_now[q]
+        oper[fs.sp_admin_down_now] = 0.0
+        if np.any(link):
+            li = np.nonzero(link)[0]
+            oper[li] = np.where(fs.sp_admin_down_now[li] | fs.sp_admin_down_now[self._sp_peer_sp[li]], 0.0, oper[li])
+        # egress queue 3: incast toward the peer, or the peer pausing us while traffic waits
+        out_frac = np.clip(rdma_out / np.maximum(self._sp_nominal_gbps * 1e9 / 8 * dt, 1.0), 0, 1)
+        paused = sp_rx_us / (dt * 1e6)
+        peer_lvl = np.zeros(SP)
+        peer_lvl[dl] = lvl[q]
+        occ = out_frac * (paused * rng.uniform(0.2, 1.0, SP) * 2e6 + peer_lvl * rng.uniform(0, 1, SP) * 1.5e6
+                          + rng.exponential(4e3, SP))
+        occ = np.maximum(occ, fs.sw_occ)
+        sg[:, 0] = speed
+        sg[:, 1] = oper
+        sg[:, 2] = np.where(fs.sp_admin_down_now, 0.0, 1.0)
+        sg[:, 3] = np.floor(occ * oper)
+
+    # ---------------------------------------------------------------- GPUs
+
+    def _simulate_gpus(self, fs: _FaultState, acc: np.ndarray, t0: float, t1: float) -> None:
+        rng = self._rng
+        dt = t1 - t0
+        N, G = len(self._nodes), self.G
+        NG = N * G
+        nj = np.where(self._node_job < 0, len(self._jobs), self._node_job)
+        fr = acc[nj, :5] / dt                                    # ckpt, compute, comm, eval, restart
+        fr = np.repeat(fr, G, axis=0)
+        busy_frac = fr.sum(axis=1)
+        idle = np.clip(1 - busy_frac, 0, 1)
+        util = (fr[:, 1] * rng.uniform(0.94, 1.0, NG) + fr[:, 2] * rng.uniform(0.88, 1.0, NG)
+                + fr[:, 3] * rng.uniform(0.55, 0.85, NG) + fr[:, 0] * rng.uniform(0.0, 0.12, NG)
+                + idle * rng.uniform(0.0, 0.02, NG)) * 100.0
+        load = (0.92 * fr[:, 1] + 0.42 * fr[:, 2] + 0.6 * fr[:, 3] + 0.1 * fr[:, 0])
+        power = GPU_IDLE_W * rng.uniform(0.95, 1.05, NG) + (GPU_TDP_W - GPU_IDLE_W) * load * self._gpu_hot * rng.uniform(0.93, 1.03, NG)
+        power = power / np.where(fs.gpu_clock_factor < 1, 1 / fs.gpu_clock_factor, 1.0) ** 0.5
+        capped = power > fs.gpu_power_cap
+        power = np.minimum(power, fs.gpu_power_cap * rng.uniform(0.985, 1.0, NG))
+        is_idle = util < 5.0
+        clock = np.where(is_idle, GPU_IDLE_CLOCK_MHZ,
+                         GPU_MAX_CLOCK_MHZ * np.where(capped, rng.uniform(0.86, 0.95, NG), rng.uniform(0.985, 1.0, NG)))
+        slowed = fs.gpu_clock_factor < 1
+        clock = np.where(slowed & ~is_idle, GPU_MAX_CLOCK_MHZ * fs.gpu_clock_factor * rng.uniform(0.98, 1.0, NG), clock)
+        reason = np.where(is_idle, REASON_GPU_IDLE, fs.gpu_reason)   # throttling shows under load
+        reason |= np.where(capped, REASON_SW_POWER_CAP, 0)
+        target = np.repeat(self._node_inlet, G) + 0.065 * power + fs.gpu_temp_boost
+        self._gpu_temp += (target - self._gpu_temp) * (1 - math.exp(-dt / 30.0))
+        temp = np.round(self._gpu_temp)
+        gen = np.where(is_idle, 1.0, 5.0)
+        gg = self._gpu_gauges
+        gg[:, 0] = np.round(util)
+        gg[:, 1] = np.round(clock)
+        gg[:, 2] = GPU_MAX_CLOCK_MHZ
+        gg[:, 3] = reason
+        gg[:, 4] = np.round(power * 1000.0)
+        gg[:, 5] = temp
+        gg[:, 6] = gen
+        gg[:, 7] = 5.0
+        gg[:, 8] = fs.gpu_pcie_width
+        gg[:, 9] = 16.0
+        gg[:, 10] = self._gpu_remap_corr
+        self._gpu_remap_unc += fs.gpu_remap_unc
+        gg[:, 11] = self._gpu_remap_unc
+        lost = fs.gpu_lost
+        gg[lost] = np.nan
+        inc = np.zeros((NG, len(GPU_COUNTERS)))
+        inc[:, 0] = rng.poisson(self._gpu_ecc_rate * dt)
+        inc[:, 1] = fs.gpu_ecc_unc
+        inc[:, 2] = rng.poisson(self._gpu_replay_rate * dt)
+        inc[:, 3] = power * dt * 1000.0
+        alive = ~lost & ~np.repeat(fs.node_down, G)
+        self._gpu.add(inc, rows=np.nonzero(alive)[0])
+
+    # ---------------------------------------------------------------- snapshots
+
+    def _nic_link_labels(self, p: int, rate_now: dict, down_now: np.ndarray, down_phys: dict) -> tuple[str, str, str]:
+        """The sysfs ``rate``, ``state`` and ``phys_state`` strings of NIC port p now."""
+        if down_now[p]:
+            return _DOWN_RATE, "1: DOWN", down_phys.get(p, "3: Disabled")
+        return rate_now.get(p, self._nics[p].nominal_rate), "4: ACTIVE", "5: LinkUp"
+
+    def _build_static(self) -> None:
+        """The parts of every snapshot that never change: ids and static label columns."""
+        self._nic_ids_of_node = [[self._p_eid[p] for p in ports.tolist()] for ports in self._node_ports]
+        self._nic_static_labels = [
+            [pb.LabelColumn(name="link_layer", values=["Ethernet"] * len(ports)),
+             pb.LabelColumn(name="netdev", values=[self._nic_netdev[p] for p in ports.tolist()]),
+             pb.LabelColumn(name="pci_bdf", values=[self._nic_bdf[p] for p in ports.tolist()])]
+            for ports in self._node_ports]
+        self._gpu_static_labels = [
+            [pb.LabelColumn(name=name, values=[lab[name] for lab in node]) for name in ("uuid", "pci_bdf")]
+            for node in self._gpu_labels]
+        self._sw_ids = [[self._sp_name[p] for p in ports.tolist()] for ports in self._switch_ports]
+
+    def _snapshots(self, fs: _FaultState, steps: list, t1: float) -> list[pb.Snapshot]:
+        """Every snapshot of this tick: columnar blocks filled straight from the state matrices."""
+        rng = self._rng
+        N, G = len(self._nodes), self.G
+        t1_ns = self.start_unix_ns + int(round(t1 * 1e9))
+        node_off = self._node_clock_ns + rng.normal(0, 3e5, N) + fs.node_skew_s * 1e9
+        skew_ns = np.round(node_off).astype(np.int64)
+        node_ts = (t1_ns + skew_ns).tolist()
+        steps_by_node = self._rank_steps_by_node(steps, skew_ns) if self.rank_steps else {}
+        rate_now, down_now, down_phys = self._fs_labels
+        out: list[pb.Snapshot] = []
+        live = ~fs.node_down
+        self._seq_node += live
+        seq = self._seq_node.tolist()
+        for n in np.nonzero(live)[0].tolist():
+            snap = pb.Snapshot(cluster=self._cluster, source=self._nodes[n], source_kind=pb.SOURCE_KIND_NODE,
+                               time_unix_ns=node_ts[n], seq=seq[n])
+            rows = slice(n * G, (n + 1) * G)
+            snap.blocks.add(entity_kind=pb.ENTITY_KIND_GPU, entity_ids=self._gpu_ids, counter_names=GPU_COUNTERS,
+                            gauge_names=GPU_GAUGES, counters=self._gpu.values[rows].ravel().tolist(),
+                            gauges=self._gpu_gauges[rows].ravel().tolist(), labels=self._gpu_static_labels[n])
+            ports = self._node_ports[n]
+            nic = snap.blocks.add(entity_kind=pb.ENTITY_KIND_NIC_PORT, entity_ids=self._nic_ids_of_node[n],
+                                  counter_names=NIC_COUNTERS, gauge_names=NIC_GAUGES,
+                                  counters=self._nic.values[ports].ravel().tolist(),
+                                  gauges=self._nic_gauges[ports].ravel().tolist(), labels=self._nic_static_labels[n])
+            links = [self._nic_link_labels(p, rate_now, down_now, down_phys) for p in ports.tolist()]
+            for name, values in zip(("rate", "state", "phys_state"), zip(*links)):
+                nic.labels.add(name=name, values=values)
+            for kind, gpu, code, t in fs.events.get(n, ()):
+                if kind == "xid":
+                    detail = f"Xid (PCI:{self._gpu_bdf[gpu][:-2]}): {code}, {XID_TEXT.get(code, 'Unknown Xid')}"
+                else:
+                    detail = f"{code} double-bit ECC error(s)"
+                snap.events.add(entity_id=self._gpu_ids[gpu], kind=kind, code=code if kind == "xid" else 0,
+                                time_unix_ns=self.start_unix_ns + int(round(t * 1e9)) + int(skew_ns[n]), detail=detail)
+            snap.rank_steps.extend(steps_by_node.get(n, ()))
+            out.append(snap)
+        S = len(self._switches)
+        sw_ts = (t1_ns + np.round(rng.normal(0, 2e5, S)).astype(np.int64)).tolist()
+        self._seq_sw += 1
+        seq = self._seq_sw.tolist()
+        for s in range(S):
+            rows = self._switch_ports[s]
+            snap = pb.Snapshot(cluster=self._cluster, source=self._switches[s], source_kind=pb.SOURCE_KIND_SWITCH,
+                               time_unix_ns=sw_ts[s], seq=seq[s])
+            snap.blocks.add(entity_kind=pb.ENTITY_KIND_SWITCH_PORT, entity_ids=self._sw_ids[s],
+                            counter_names=SWITCH_COUNTERS, gauge_names=SWITCH_PORT_GAUGES,
+                            counters=self._sw.values[rows].ravel().tolist(),
+                            gauges=self._sw_gauges[rows].ravel().tolist())
+            out.append(snap)
+        return out
+
+    def _rank_steps_by_node(self, steps: list, skew_ns: np.ndarray) -> dict[int, list[pb.RankStep]]:
+        """`RankStep` messages of the steps that ended this tick, grouped by node index."""
+        out: dict[int, list[pb.RankStep]] = {}
+        for jr, step, start, seconds, busy in steps:
+            world = jr.world
+            start_ns = (self.start_unix_ns + int(round(start * 1e9)) + skew_ns[jr.rank_node]).tolist()
+            step_s = np.broadcast_to(seconds, (world,)).tolist()
+            busy_s = np.broadcast_to(busy, (world,)).tolist()
+            for r, (node, gpu) in enumerate(zip(jr.rank_node.tolist(), jr.rank_gpu.tolist())):
+                out.setdefault(node, []).append(pb.RankStep(
+                    job_id=jr.job.job_id, rank=r, world_size=world, node=self._nodes[node], local_gpu=gpu, step=step,
+                    start_unix_ns=start_ns[r], step_seconds=step_s[r], busy_seconds=busy_s[r],
+                    collective_wait_seconds=step_s[r] - busy_s[r]))
+        return out
+
+    # ---------------------------------------------------------------- ground truth
+
+    def _ns(self, t: float) -> int | None:
+        return None if t == INF else self.start_unix_ns + int(round(t * 1e9))
+
+    def _build_truth(self) -> list[GroundTruth]:
+        out = []
+        for f in self.faults:
+            via = self._derived.get(id(f))
+            detail = {"via": f"straggler {via.node}/gpu{via.gpu}"} if via is not None else {}
+            if isinstance(f, LinkDowngrade):
+                p = self._p_key[(f.node, f.nic)]
+                out.append(GroundTruth(f.kind, nic_path(f.node, f.nic), self._ns(f.onset_s), self._ns(f.offset_s),
+                                       related=(port_path(self._switches[self._p_switch[p]], self._sp_name[self._p_sp[p]]),),
+                                       detail={"rate": f.rate, "nominal_rate": self._nics[p].nominal_rate, **detail}))
+            elif isinstance(f, NicPcieDowngrade):
+                out.append(GroundTruth(f.kind, nic_path(f.node, f.nic), self._ns(f.onset_s), self._ns(f.offset_s),
+                                       detail={"pcie_width": f.width}))
+            elif isinstance(f, GpuPcieDowngrade):
+                out.append(GroundTruth(f.kind, gpu_path(f.node, f.gpu), self._ns(f.onset_s), self._ns(f.offset_s),
+                                       detail={"pcie_width": f.width}))
+            elif isinstance(f, LinkFlap):
+                p = self._p_key[(f.node, f.nic)]
+                out.append(GroundTruth(f.kind, nic_path(f.node, f.nic), self._ns(f.onset_s), self._ns(f.offset_s),
+                                       related=(port_path(self._switches[self._p_switch[p]], self._sp_name[self._p_sp[p]]),),
+                                       detail={"flaps": f.flaps, "down_s": f.down_s}))
+            elif isinstance(f, AdminToggle):
+                sp = self._sp_key[(f.switch, f.port)]
+                rel = ()
+                if self._sp_peer_nic[sp] >= 0:
+                    q = self._sp_peer_nic[sp]
+                    rel = (nic_path(self._nodes[self._p_node[q]], self._p_eid[q]),)
+                elif self._sp_peer_sp[sp] >= 0:
+                    j = self._sp_peer_sp[sp]
+                    rel = (port_path(self._switches[self._sp_switch[j]], self._sp_name[j]),)
+                out.append(GroundTruth(f.kind, port_path(f.switch, f.port), self._ns(f.onset_s), self._ns(f.offset_s),
+                                       related=rel, expect_alert=False, detail={"down_s": f.down_s}))
+            elif isinstance(f, PfcStorm):
+                plan = self._storm_plan[id(f)]
+                victims = tuple(nic_path(self._nodes[self._p_node[q]], self._p_eid[q]) for q in plan["victims"])
+                victims += tuple(port_path(self._switches[self._sp_switch[s]], self._sp_name[s])
+                                 for s in plan["sw1"] + plan["sw2"])
+                for k, (node, nic) in enumerate(f.sources):
+                    p = plan["src"][k]
+                    out.append(GroundTruth(
+                        f.kind, nic_path(node, nic), self._ns(f.onset_s), self._ns(f.effective_offset_s),
+                        victims=victims,
+                        related=(port_path(self._switches[self._p_switch[p]], self._sp_name[self._p_sp[p]]),),
+                        expect_alert=(not f.xon_only) and f.duration_s >= f.min_alert_s,
+                        detail={"priority": 3, "traffic_to_source": plan["fed"][p], "sources": len(f.sources),
+                                "stuck_host": f.stuck_host, "nic_watchdog_ms": f.nic_watchdog_ms, **detail}))
+            elif isinstance(f, Straggler):
+                n = self._node_idx[f.node]
+                jr = self._jobs[self._node_job[n]]
+                k = int(np.nonzero(jr.node_idx == n)[0][0])
+                rank = k * self.G + f.gpu
+                p = self._nic_of_gpu(f.node, f.gpu)
+                related = (gpu_path(f.node, f.gpu),)
+                if f.cause in ("nic_downgrade", "storm_victim"):
+                    related += (nic_path(f.node, self._p_eid[p]),)
+                out.append(GroundTruth(f.kind, rank_path(jr.job.job_id, rank), self._ns(f.onset_s), self._ns(f.offset_s),
+                                       victims=(f"job/{jr.job.job_id}",), related=related,
+                                       detail={"cause": f.cause, "factor": f.factor, "node": f.node, "gpu": f.gpu}))
+            elif isinstance(f, GpuXid):
+                occ = f.occurrences(until_s=f.offset_s if f.offset_s != INF else f.onset_s + 3600)
+                out.append(GroundTruth(f.kind, gpu_path(f.node, f.gpu), self._ns(f.onset_s), self._ns(f.offset_s),
+                                       detail={"code": f.code, "occurrences": len(occ), "repeat_s": f.repeat_s}))
+            elif isinstance(f, EccUncorrectable):
+                out.append(GroundTruth(f.kind, gpu_path(f.node, f.gpu), self._ns(f.onset_s), self._ns(f.offset_s),
+                                       detail={"count": f.count}))
+            elif isinstance(f, NodeReboot):
+                ports = self._node_ports[self._node_idx[f.node]]
+                rel = tuple(port_path(self._switches[self._p_switch[p]], self._sp_name[self._p_sp[p]]) for p in ports)
+                out.append(GroundTruth(f.kind, f.node, self._ns(f.onset_s), self._ns(f.offset_s), related=rel,
+                                       expect_alert=False, detail={"down_s": f.down_s}))
+            elif isinstance(f, ClockSkew):
+                out.append(GroundTruth(f.kind, f.node, self._ns(f.onset_s), self._ns(f.offset_s),
+                                       expect_alert=False, detail={"skew_s": f.skew_s}))
+        return out
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def demo_scenario(n_nodes: int = 64, seed: int = 0) -> tuple[Topology, list[Fault]]:
+    """A healthy noisy cluster with three faults in the first ~30 s, for the README demo.
+
+    Pass the same ``seed`` to `ClusterSimulator` (the faults target nodes that run jobs in
+    `auto_jobs` for that seed): at 5 s a NIC of the biggest job falls to 200G (that job's
+    steps slow down); from 12 s to 20 s a NIC of another job storms PFC pauses (its leaf
+    pauses its neighbours and uplinks); from 22 s a GPU of a third job, preferably one with
+    no node behind the storming leaf, is thermally throttled and straggles.
+
+    >>> topo, faults = demo_scenario(16, seed=3)
+    >>> [type(f).__name__ for f in faults]
+    ['LinkDowngrade', 'PfcStorm', 'Straggler']
+    """
+    if n_nodes < 2:
+        raise ValueError("demo_scenario needs at least 2 nodes")
+    topo = rail_optimised("sim", n_nodes=n_nodes, nodes_per_unit=min(32, n_nodes),
+                          n_spines=8 if n_nodes > 32 else 4)
+    jobs = sorted((j for j in auto_jobs(topo, seed) if len(j.nodes) >= 2), key=lambda j: (-len(j.nodes), j.job_id))
+    if not jobs:
+        raise ValueError("no multi-node job to inject faults into")
+    a = jobs[0]
+    b = jobs[1] if len(jobs) > 1 else a
+    down_node = a.nodes[len(a.nodes) // 2]
+    storm_node = b.nodes[-1] if b is not a else a.nodes[-1]
+    storm_unit = topo.nic(storm_node, "mlx5_5/1").switch.split("-r")[0]
+    others = [j for j in jobs if j is not a and j is not b] or [a]
+    clear = [j for j in others
+             if all(topo.nic(n, "mlx5_5/1").switch.split("-r")[0] != storm_unit for n in j.nodes)]
+    c = (clear or others)[0]
+    strag_node = next((n for n in c.nodes if n not in (down_node, storm_node)), c.nodes[0])
+    faults: list[Fault] = [
+        LinkDowngrade(down_node, "mlx5_3/1", onset_s=5.0, rate="200 Gb/sec (4X HDR)"),
+        PfcStorm(sources=((storm_node, "mlx5_5/1"),), onset_s=12.0, offset_s=20.0),
+        Straggler(strag_node, gpu=2, onset_s=22.0, factor=1.4, cause="thermal"),
+    ]
+    return topo, faults
