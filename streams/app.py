@@ -35,8 +35,9 @@ def build_app(settings: WorkerSettings) -> faust.App:
         broker_commit_every=1000,
         broker_commit_interval=1.0,
     )
-    app.telemetry_topic = app.topic(topics.TELEMETRY, key_type=bytes, value_type=bytes,
-                                    key_serializer="raw", value_serializer="raw")
-    app.anomalies_topic = app.topic(topics.ANOMALIES, key_type=bytes, value_type=bytes,
-                                    key_serializer="raw", value_serializer="raw")
+    raw = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+    app.telemetry_topic = app.topic(topics.TELEMETRY, **raw)
+    app.rank_steps_topic = app.topic(topics.RANK_STEPS, **raw)
+    app.pause_states_topic = app.topic(topics.PAUSE_STATES, **raw)
+    app.anomalies_topic = app.topic(topics.ANOMALIES, **raw)
     return app

@@ -11,6 +11,7 @@ topic                      key                         partitions  retention
 =========================  ==========================  ==========  =========
 ``TELEMETRY``              source node / switch name   12          6 h
 ``RANK_STEPS``             job id                      12          6 h
+``PAUSE_STATES``           cluster name                3           1 day
 ``ANOMALIES``              anomaly dedup key           6           7 days
 ``ACTIONS``                (see actions/)              6           30 days
 ``AUDIT``                  (see actions/)              6           30 days
@@ -21,8 +22,8 @@ topic                      key                         partitions  retention
 >>> SPECS[TELEMETRY].partitions, SPECS[TELEMETRY].configs()["retention.ms"]
 (12, '21600000')
 >>> [s.partitions for s in all_topics(partitions=1)]
-[1, 1, 1, 1, 1]
->>> all_topics(partitions={ANOMALIES: 2})[2].partitions
+[1, 1, 1, 1, 1, 1]
+>>> all_topics(partitions={ANOMALIES: 2})[3].partitions
 2
 """
 
@@ -40,6 +41,7 @@ __all__ = [
     "ALL_TOPICS",
     "ANOMALIES",
     "AUDIT",
+    "PAUSE_STATES",
     "RANK_STEPS",
     "SPECS",
     "TELEMETRY",
@@ -91,6 +93,8 @@ class TopicSpec:
 TELEMETRY = "fabricwatch.telemetry.v1"
 #: Per-rank training step timings. Key: job id.
 RANK_STEPS = "fabricwatch.rank-steps.v1"
+#: PFC watchdog onsets/restorations, input of the storm locator. Key: cluster name.
+PAUSE_STATES = "fabricwatch.pause-states.v1"
 #: Detected anomalies. Key: the anomaly's dedup key.
 ANOMALIES = "fabricwatch.anomalies.v1"
 #: Remediation actions requested / taken.
@@ -101,6 +105,7 @@ AUDIT = "fabricwatch.audit.v1"
 _DEFAULTS: tuple[TopicSpec, ...] = (
     TopicSpec(TELEMETRY, partitions=12, retention_ms=6 * HOUR_MS),
     TopicSpec(RANK_STEPS, partitions=12, retention_ms=6 * HOUR_MS),
+    TopicSpec(PAUSE_STATES, partitions=3, retention_ms=1 * DAY_MS),
     TopicSpec(ANOMALIES, partitions=6, retention_ms=7 * DAY_MS),
     TopicSpec(ACTIONS, partitions=6, retention_ms=30 * DAY_MS),
     TopicSpec(AUDIT, partitions=6, retention_ms=30 * DAY_MS),
