@@ -65,8 +65,11 @@ class LinkDowngradeDetector:
     topology: Topology | None = None
     default_nic_rate: str = DEFAULT_NIC_RATE
     gpu_busy_utilization_pct: float = GPU_BUSY_UTILIZATION_PCT
-    _open: dict[str, Finding] = field(default_factory=dict, repr=False)
+    # open findings by (kind, source, entity id): tuples, so healthy entities cost no strings
+    _open: dict[tuple[str, str, str], Finding] = field(default_factory=dict, repr=False)
     _fleet_rates: Counter = field(default_factory=Counter, repr=False)
+    _topology_nominal: dict[tuple[str, str], IbRate | None] = field(default_factory=dict, repr=False)
+    _switch_nominal: dict[tuple[str, str], float | None] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if _parse(self.default_nic_rate) is None:
@@ -92,56 +95,66 @@ class LinkDowngradeDetector:
         return list(self._open.values())
 
     # -- rules ----------------------------------------------------------------------------
-    def _nominal_nic(self, node: str, entity_id: str) -> IbRate:
-        if self.topology is not None:
-            nic = self.topology.nic(node, entity_id)
-            if nic is not None:
-                return _parse(nic.nominal_rate)
+    def _fleet_nominal(self) -> IbRate:
         if sum(self._fleet_rates.values()) >= MIN_PORTS_FOR_CONSENSUS:
             return _parse(self._fleet_rates.most_common(1)[0][0])
         return _parse(self.default_nic_rate)
+
+    def _nominal_nic(self, node: str, entity_id: str, fleet: IbRate) -> IbRate:
+        key = (node, entity_id)
+        if key not in self._topology_nominal:
+            nic = self.topology.nic(node, entity_id) if self.topology is not None else None
+            self._topology_nominal[key] = _parse(nic.nominal_rate) if nic is not None else None
+        return self._topology_nominal[key] or fleet
 
     def _nic_ports(self, view, frame: EntityFrame, active, checked) -> None:
         rates, states = frame.label("rate"), frame.label("state")
         speed_mbps = frame.gauge("netdev_speed_mbps")
         width, width_max = frame.gauge("pcie_width_current"), frame.gauge("pcie_width_max")
         gen, gen_max = frame.gauge("pcie_gen_current"), frame.gauge("pcie_gen_max")
-        self._fleet_rates.update(r for r in rates if r and _parse(r) is not None)
+        if len(self._fleet_rates) < 64:   # bounded: a fleet has a handful of distinct rates
+            self._fleet_rates.update(r for r in rates if r and _parse(r) is not None)
+        fleet = self._fleet_nominal()
+        pcie_low = (width < width_max) | (gen < gen_max)   # NaN compares False
         for i, entity_id in enumerate(frame.ids):
+            checked.update((("link_downgrade", view.source, entity_id), ("pcie_downgrade", view.source, entity_id)))
+            current = _parse(rates[i])
+            link_bad = False
+            if states[i].startswith(ACTIVE_STATE) and current is not None:
+                nominal = self._nominal_nic(view.source, entity_id, fleet)
+                slower = current.gbps < nominal.gbps
+                lanes_changed = current.gbps == nominal.gbps and (current.width, current.lane) != (
+                    nominal.width, nominal.lane)
+                link_bad = slower or lanes_changed
+            if not (link_bad or pcie_low[i]):
+                continue
             device, _, port = entity_id.partition("/")
             entity = EntityRef(cluster=view.cluster, node=view.source, device=device, port=port)
             link = Finding("link_downgrade", OPEN, entity, detector=DETECTOR)
             pcie = Finding("pcie_downgrade", OPEN, entity, detector=DETECTOR)
-            checked.update((link.dedup_key, pcie.dedup_key))
-            current = _parse(rates[i])
-            if states[i].startswith(ACTIVE_STATE) and current is not None:
-                nominal = self._nominal_nic(view.source, entity_id)
-                slower = current.gbps < nominal.gbps
-                lanes_changed = current.gbps == nominal.gbps and (current.width, current.lane) != (
-                    nominal.width, nominal.lane)
-                if slower or lanes_changed:
-                    link.evidence = [
-                        Evidence("rate_gbps", current.gbps, nominal.gbps, "Gb/s", f"sysfs rate {rates[i]!r}"),
-                        Evidence("lanes", current.width, nominal.width, "lanes",
-                                 f"nominal {nominal.width}X {nominal.lane}, now {current.width}X {current.lane}"),
-                    ]
-                    if speed_mbps[i] == speed_mbps[i]:  # not NaN
-                        link.evidence.append(Evidence("netdev_speed_mbps", speed_mbps[i], nominal.gbps * 1000, "Mb/s"))
-                    link.severity = CRITICAL if current.gbps <= nominal.gbps * CRITICAL_SPEED_FRACTION else WARNING
-                    what = "speed" if slower else "lane"
-                    link.summary = (f"{view.source} {entity_id} trained at {rates[i].strip()}, "
-                                    f"nominal {nominal.gbps:g} Gb/s {nominal.width}X {nominal.lane} ({what} downgrade)")
-                    link.probable_cause = "cable, transceiver or port fault; link retrained below nominal"
-                    link.suggested_action = "reseat or replace the cable/transceiver; drain the node after the running job"
-                    active[link.dedup_key] = link
-            if width[i] < width_max[i] or gen[i] < gen_max[i]:  # NaN compares False
+            if link_bad:
+                link.evidence = [
+                    Evidence("rate_gbps", current.gbps, nominal.gbps, "Gb/s", f"sysfs rate {rates[i]!r}"),
+                    Evidence("lanes", current.width, nominal.width, "lanes",
+                             f"nominal {nominal.width}X {nominal.lane}, now {current.width}X {current.lane}"),
+                ]
+                if speed_mbps[i] == speed_mbps[i]:  # not NaN
+                    link.evidence.append(Evidence("netdev_speed_mbps", speed_mbps[i], nominal.gbps * 1000, "Mb/s"))
+                link.severity = CRITICAL if current.gbps <= nominal.gbps * CRITICAL_SPEED_FRACTION else WARNING
+                what = "speed" if slower else "lane"
+                link.summary = (f"{view.source} {entity_id} trained at {rates[i].strip()}, "
+                                f"nominal {nominal.gbps:g} Gb/s {nominal.width}X {nominal.lane} ({what} downgrade)")
+                link.probable_cause = "cable, transceiver or port fault; link retrained below nominal"
+                link.suggested_action = "reseat or replace the cable/transceiver; drain the node after the running job"
+                active[("link_downgrade", view.source, entity_id)] = link
+            if pcie_low[i]:
                 pcie.evidence = [Evidence("pcie_width", width[i], width_max[i], "lanes"),
                                  Evidence("pcie_gen", gen[i], gen_max[i], "gen")]
                 pcie.summary = (f"{view.source} NIC {entity_id} PCIe at gen{gen[i]:g} x{width[i]:g}, "
                                 f"max gen{gen_max[i]:g} x{width_max[i]:g}")
                 pcie.probable_cause = "NIC PCIe link trained below its maximum (riser, slot or firmware)"
                 pcie.suggested_action = "check the slot/riser; drain the node after the running job"
-                active[pcie.dedup_key] = pcie
+                active[("pcie_downgrade", view.source, entity_id)] = pcie
 
     def _gpus(self, view, frame: EntityFrame, active, checked) -> None:
         util = frame.gauge("utilization_gpu_pct")
@@ -151,13 +164,11 @@ class LinkDowngradeDetector:
         narrow = width < width_max
         slow_gen = (gen < gen_max) & busy
         # An idle GPU's width/gen reading is not trusted either way: keep its state as is.
-        for i in np.flatnonzero(narrow | slow_gen | busy):
+        checked.update(("pcie_downgrade", view.source, frame.ids[i]) for i in np.flatnonzero(narrow | slow_gen | busy))
+        for i in np.flatnonzero(narrow | slow_gen):
             gpu = frame.ids[i]
             f = Finding("pcie_downgrade", OPEN, EntityRef(cluster=view.cluster, node=view.source, device=gpu),
                         detector=DETECTOR)
-            checked.add(f.dedup_key)
-            if not (narrow[i] or slow_gen[i]):
-                continue
             f.evidence = [Evidence("pcie_width", width[i], width_max[i], "lanes"),
                           Evidence("pcie_gen", gen[i], gen_max[i], "gen"),
                           Evidence("utilization_gpu_pct", util[i], self.gpu_busy_utilization_pct, "%",
@@ -166,25 +177,31 @@ class LinkDowngradeDetector:
                          f"max gen{gen_max[i]:g} x{width_max[i]:g}")
             f.probable_cause = "GPU PCIe link trained below its maximum"
             f.suggested_action = "drain the node after the running job; reseat the GPU/riser"
-            active[f.dedup_key] = f
+            active[("pcie_downgrade", view.source, gpu)] = f
 
     def _switch_ports(self, view, frame: EntityFrame, active, checked) -> None:
         speed, oper_up = frame.gauge("port_speed_gbps"), frame.gauge("oper_up")
         for i, port in enumerate(frame.ids):
-            f = Finding("link_downgrade", OPEN, EntityRef(cluster=view.cluster, switch=view.source, port=port),
-                        detector=DETECTOR)
-            checked.add(f.dedup_key)
+            checked.add(("link_downgrade", view.source, port))
             nominal = self._nominal_switch_port(view.source, port)
             if nominal is None or oper_up[i] != 1 or not speed[i] < nominal:
                 continue
+            f = Finding("link_downgrade", OPEN, EntityRef(cluster=view.cluster, switch=view.source, port=port),
+                        detector=DETECTOR)
             f.evidence = [Evidence("port_speed_gbps", speed[i], nominal, "Gb/s")]
             f.severity = CRITICAL if speed[i] <= nominal * CRITICAL_SPEED_FRACTION else WARNING
             f.summary = f"{view.source} {port} up at {speed[i]:g} Gb/s, nominal {nominal:g} Gb/s"
             f.probable_cause = "cable, transceiver or port fault; link retrained below nominal"
             f.suggested_action = "replace the cable/transceiver"
-            active[f.dedup_key] = f
+            active[("link_downgrade", view.source, port)] = f
 
     def _nominal_switch_port(self, switch: str, port: str) -> float | None:
+        key = (switch, port)
+        if key not in self._switch_nominal:
+            self._switch_nominal[key] = self._switch_port_nominal_from_topology(switch, port)
+        return self._switch_nominal[key]
+
+    def _switch_port_nominal_from_topology(self, switch: str, port: str) -> float | None:
         if self.topology is None:
             return None
         peer = self.topology.peer_of(switch, port)
@@ -198,7 +215,7 @@ class LinkDowngradeDetector:
         return None
 
     # -- lifecycle ------------------------------------------------------------------------
-    def _transitions(self, view: SourceView, active: dict[str, Finding], checked: set[str]) -> list[Finding]:
+    def _transitions(self, view: SourceView, active: dict[tuple, Finding], checked: set[tuple]) -> list[Finding]:
         out: list[Finding] = []
         for key, finding in active.items():
             if key not in self._open:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 _IB_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?) Gb/sec \((\d+)X(?: ?([A-Z0-9]+))?\)\s*$")
 _OC_SPEED = re.compile(r"SPEED_(\d+(?:\.\d+)?)(MB|GB)$")
@@ -30,6 +31,7 @@ class IbRate:
     lane: str    # SDR, DDR, QDR, FDR10, FDR, EDR, HDR, NDR, XDR
 
 
+@lru_cache(maxsize=1024)   # a fleet reports a handful of distinct strings, every tick
 def parse_ib_rate(text: str) -> IbRate | None:
     """The sysfs `rate` string as (Gb/s, lanes, lane generation); None if unparseable."""
     m = _IB_RATE.match(text or "")
