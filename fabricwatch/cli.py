@@ -30,7 +30,12 @@ def _load_topology(path: str | None):
 def _detection_config(args):
     from fabricwatch.streams.pipeline import DetectionConfig
 
-    return DetectionConfig(default_nic_rate=args.default_nic_rate)
+    config = DetectionConfig(default_nic_rate=args.default_nic_rate, pfc_detection_time_ms=args.pfc_detection_ms,
+                             pfc_restoration_time_ms=args.pfc_restoration_ms)
+    from fabricwatch.streams.pipeline import DetectionPipeline
+
+    DetectionPipeline(config)   # validates every threshold now, before anything starts
+    return config
 
 
 def cmd_gateway(args) -> int:
@@ -134,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--topology", help="topology YAML (docs/topology.md); default: fleet consensus")
         sp.add_argument("--default-nic-rate", default="400 Gb/sec (4X NDR)",
                         help="nominal sysfs rate of NIC ports absent from the topology")
+        sp.add_argument("--pfc-detection-ms", type=int, default=200,
+                        help="PFC storm detection time T_detect, 100..5000 ms (SONiC pfcwd default 200)")
+        sp.add_argument("--pfc-restoration-ms", type=int, default=None,
+                        help="PFC storm restoration time, 100..60000 ms (default 2 x detection)")
 
     sp = sub.add_parser("up", help="run the local stack and show anomalies live")
     sp.add_argument("--broker", help="use this Kafka (host:port) instead of starting the embedded one")
@@ -204,6 +213,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(args.func(args))
     except KeyboardInterrupt:
         sys.exit(130)
+    except (ValueError, OSError) as exc:
+        # Bad configuration (thresholds, topology, tokens, files): a clear message, no traceback.
+        if args.log_level.upper() == "DEBUG":
+            raise
+        print(f"fabricwatch {args.command}: error: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

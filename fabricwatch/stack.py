@@ -58,6 +58,13 @@ class LocalStack:
         print(text, flush=True)
 
     def run(self) -> int:
+        from fabricwatch.cli import _detection_config
+
+        _detection_config(self.args)   # refuse bad thresholds before starting anything
+        if self.args.topology:
+            from fabricwatch.models.topology import Topology
+
+            Topology.load(self.args.topology)
         self.logs.mkdir(parents=True, exist_ok=True)
         try:
             return self._run()
@@ -93,7 +100,10 @@ class LocalStack:
                               "--tokens", str(tokens_file), "--cluster", "local")
         ready_file = self.state / "worker.ready"
         ready_file.unlink(missing_ok=True)
-        worker_args = ["worker", "--broker", bootstrap, "--default-nic-rate", a.default_nic_rate]
+        worker_args = ["worker", "--broker", bootstrap, "--default-nic-rate", a.default_nic_rate,
+                       "--pfc-detection-ms", str(a.pfc_detection_ms)]
+        if a.pfc_restoration_ms:
+            worker_args += ["--pfc-restoration-ms", str(a.pfc_restoration_ms)]
         if topology:
             worker_args += ["--topology", topology]
         worker = self._spawn("worker", *worker_args, env={"FABRICWATCH_WORKER_READY_FILE": str(ready_file)})
