@@ -61,7 +61,9 @@ def cmd_worker(args) -> int:
     from fabricwatch.streams.worker import run_worker
 
     settings = WorkerSettings(bootstrap=args.broker, app_id=args.app_id,
-                              ready_file=os.environ.get("FABRICWATCH_WORKER_READY_FILE", ""))
+                              ready_file=os.environ.get("FABRICWATCH_WORKER_READY_FILE", ""),
+                              state_dir=str(args.state_dir) if args.state_dir else "",
+                              checkpoint_interval_s=args.checkpoint_interval)
     run_worker(settings, _detection_config(args), _load_topology(args.topology), loglevel=args.log_level)
     return 0
 
@@ -170,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("worker", help="Faust worker: telemetry -> detectors -> anomalies")
     sp.add_argument("--broker", default="127.0.0.1:9092")
     sp.add_argument("--app-id", default="fabricwatch-worker", help="consumer group; workers sharing it share partitions")
+    sp.add_argument("--state-dir", type=Path, default=None,
+                    help="keep detection-state checkpoints here (survive restarts); default: none")
+    sp.add_argument("--checkpoint-interval", type=float, default=30.0, help="seconds between checkpoints")
     detection_opts(sp)
     sp.set_defaults(func=cmd_worker)
 

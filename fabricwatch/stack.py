@@ -101,7 +101,7 @@ class LocalStack:
         ready_file = self.state / "worker.ready"
         ready_file.unlink(missing_ok=True)
         worker_args = ["worker", "--broker", bootstrap, "--default-nic-rate", a.default_nic_rate,
-                       "--pfc-detection-ms", str(a.pfc_detection_ms)]
+                       "--pfc-detection-ms", str(a.pfc_detection_ms), "--state-dir", str(self.state)]
         if a.pfc_restoration_ms:
             worker_args += ["--pfc-restoration-ms", str(a.pfc_restoration_ms)]
         if topology:

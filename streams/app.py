@@ -18,6 +18,8 @@ class WorkerSettings:
     telemetry_partitions: int = 12
     web_port: int = 6066
     ready_file: str = ""                     # touched once the first rebalance completes
+    state_dir: str = ""                      # detection-state checkpoints; "" = none
+    checkpoint_interval_s: float = 30.0
 
 
 def build_app(settings: WorkerSettings) -> faust.App:

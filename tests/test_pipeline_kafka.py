@@ -24,11 +24,12 @@ pytestmark = pytest.mark.kafka
 S = 10**9
 
 
-def start_worker(bootstrap, tmp_path: Path, app_id: str) -> subprocess.Popen:
+def start_worker(bootstrap, tmp_path: Path, app_id: str, *extra: str) -> subprocess.Popen:
     ready = tmp_path / f"{app_id}.ready"
-    log = open(tmp_path / f"{app_id}.log", "wb")
+    ready.unlink(missing_ok=True)
+    log = open(tmp_path / f"{app_id}.log", "ab")
     proc = subprocess.Popen([sys.executable, "-m", "fabricwatch.cli", "worker", "--broker", bootstrap,
-                             "--app-id", app_id], stdout=log, stderr=subprocess.STDOUT,
+                             "--app-id", app_id, *extra], stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "FABRICWATCH_WORKER_READY_FILE": str(ready)})
     deadline = time.monotonic() + 120
     while not ready.exists():
@@ -88,6 +89,52 @@ async def test_downgrade_flows_through_the_whole_pipeline(kafka_bootstrap, tmp_p
         assert opened.detected_unix_ns == t0 + 2 * S
         assert {e.name for e in opened.evidence} >= {"rate_gbps", "lanes"}
         assert "200 Gb/sec (4X HDR)" in opened.summary
+    finally:
+        stop.set()
+        await sender_task
+        await gateway
+        worker.terminate()
+        worker.wait(30)
+
+
+async def test_worker_restart_keeps_open_anomalies(kafka_bootstrap, tmp_path, unused_tcp_port):
+    """An anomaly opened before a worker restart is resolved after it, and not opened twice."""
+    app_id = f"fw-restart-{uuid.uuid4().hex[:8]}"
+    state = tmp_path / "state"
+    await topics.ensure_topics(kafka_bootstrap, topics.ALL_TOPICS)
+    stop, ready = asyncio.Event(), asyncio.Event()
+    listen = f"127.0.0.1:{unused_tcp_port}"
+    gateway = asyncio.create_task(serve(kafka_bootstrap, listen, ready=ready, stop=stop, cluster="it"))
+    await asyncio.wait_for(ready.wait(), 60)
+    sender = GatewaySender(SenderConfig(target=listen))
+    sender_task = asyncio.create_task(sender.run(stop))
+    node = f"node-{uuid.uuid4().hex[:6]}"
+    t0 = time.time_ns()
+    worker = start_worker(kafka_bootstrap, tmp_path, app_id, "--state-dir", str(state))
+    try:
+        for i in range(4):   # opens on i=2 and stays open
+            sender.submit(nic_snapshot(source=node, t_ns=t0 + i * S, seq=i, cluster="",
+                                       rates={1: "200 Gb/sec (4X HDR)"} if i >= 2 else {}))
+        assert await sender.drain(30)
+
+        def opened(found):
+            return any(e.entity.node == node for _, e in found)
+
+        await collect_anomalies(kafka_bootstrap, opened, 90, group=f"r1-{app_id}")
+        worker.terminate()                       # graceful: final checkpoint
+        assert worker.wait(60) == 0
+        assert (state / f"{app_id}.checkpoint").exists()
+        worker = start_worker(kafka_bootstrap, tmp_path, app_id, "--state-dir", str(state))
+        for i in range(4, 6):                    # the link is back
+            sender.submit(nic_snapshot(source=node, t_ns=t0 + i * S, seq=i, cluster=""))
+        assert await sender.drain(30)
+
+        def resolved(found):
+            return any(e.entity.node == node and e.lifecycle == ev.LIFECYCLE_RESOLVED for _, e in found)
+
+        found = await collect_anomalies(kafka_bootstrap, resolved, 90, group=f"r2-{app_id}")
+        mine = [(e.kind, e.lifecycle) for _, e in found if e.entity.node == node]
+        assert mine == [("link_downgrade", ev.LIFECYCLE_OPEN), ("link_downgrade", ev.LIFECYCLE_RESOLVED)]
     finally:
         stop.set()
         await sender_task
