@@ -4,7 +4,9 @@ Agents live in `streams/agents.py`; the logic they call lives in plain classes.
 """
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import faust
 
@@ -23,8 +25,12 @@ class WorkerSettings:
 
 
 def build_app(settings: WorkerSettings) -> faust.App:
+    # Faust keeps a data folder even with in-memory tables: under the state dir, not the cwd.
+    datadir = Path(settings.state_dir or tempfile.gettempdir()) / f"{settings.app_id}-faust"
+    datadir.parent.mkdir(parents=True, exist_ok=True)
     app = faust.App(
         settings.app_id,
+        datadir=str(datadir),
         broker=f"kafka://{settings.bootstrap}",
         store="memory://",
         processing_guarantee="at_least_once",

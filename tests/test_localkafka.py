@@ -55,6 +55,7 @@ async def test_ensure_topics_creates_project_topics(kafka_bootstrap: str) -> Non
     assert counts == {
         topics.TELEMETRY: 12,
         topics.RANK_STEPS: 12,
+        topics.PAUSE_STATES: 3,
         topics.ANOMALIES: 6,
         topics.ACTIONS: 6,
         topics.AUDIT: 6,
