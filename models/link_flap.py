@@ -1,24 +1,32 @@
-"""Link flap: a link that went down and came back, or keeps doing so.
+"""Link flap: a link that went down and came back quickly, or keeps doing so.
 
 Reads NIC ports' `link_downed` (IB PMA, 8-bit saturating), `link_down_events_phy`
 (ethtool) and the sysfs `state` label; switch ports' `interface-transitions` (OpenConfig:
-UP<->other, one flap = +2) and `admin_up`. Opens a `link_flap` on the first down event,
-updates it as more arrive, resolves it after `quiet_s` without one. An operator's admin
-toggle of a switch port (admin_up changed within `admin_grace_s`) is not a flap, and a
-counter reset after a reboot gives no rate, hence no evidence.
+UP<->other, one flap = +2), `oper_up` and `admin_up`.
+
+A flap is a down that is over within `max_down_s`: it opens when the link is seen back
+up (or at once when the down and the recovery both fall inside one sampling interval),
+updates as more follow, and resolves after `quiet_s` without one. What is not a flap:
+
+* a long outage (a reboot, a pulled cable, a port shut for maintenance): down for longer
+  than `max_down_s`;
+* an operator's admin toggle of a switch port (`admin_up` changed within `admin_grace_s`);
+* a counter reset after a reboot: no rate, hence no evidence.
 
 >>> import numpy as np
 >>> from fabricwatch.models.frames import EntityFrame, SourceView
->>> def nic(t_s, link_downed_rate):
+>>> def nic(t_s, state, link_downed_rate=0.0):
 ...     f = EntityFrame("nic_port", ("mlx5_0/1",), ("link_downed",), np.zeros((1, 1), np.uint64), (),
-...                     np.empty((1, 0)), [{"state": "4: ACTIVE"}])
+...                     np.empty((1, 0)), [{"state": state}])
 ...     f.rates, f.dt_s = np.array([[link_downed_rate]]), 1.0
 ...     return SourceView("c1", "node-1", "node", int(t_s * 1e9), 0, [f])
 >>> det = LinkFlapDetector(quiet_s=30)
->>> [(f.kind, f.state) for f in det.update(nic(1, 1.0))]
+>>> det.update(nic(1, "4: ACTIVE")), det.update(nic(2, "1: DOWN", 1.0))   # down: not yet a flap
+([], [])
+>>> [(f.kind, f.state) for f in det.update(nic(4, "4: ACTIVE"))]        # back 2 s later: a flap
 [('link_flap', 'open')]
->>> det.update(nic(2, 0.0)), [f.state for f in det.update(nic(40, 0.0))]
-([], ['resolved'])
+>>> [f.state for f in det.update(nic(40, "4: ACTIVE"))]
+['resolved']
 """
 from __future__ import annotations
 
@@ -29,9 +37,11 @@ import numpy as np
 from .findings import CRITICAL, OPEN, RESOLVED, UPDATE, WARNING, EntityRef, Evidence, Finding
 from .frames import NIC_PORT, SWITCH_PORT, EntityFrame, SourceView
 
-DETECTOR = "link_flap/v1"
+DETECTOR = "link_flap/v2"
 QUIET_S = 300.0            # resolve after this long without a down event
+MAX_DOWN_S = 30.0          # a down that lasts longer is an outage (reboot, maintenance), not a flap
 ADMIN_GRACE_S = 30.0       # transitions this soon after an admin_up change are the operator's
+SETTLE_S = 5.0             # counter evidence this soon after an outage ended belongs to the outage
 FLAPS_FOR_CRITICAL = 3     # down events within one open episode that make it critical
 ACTIVE_STATE = "4"
 
@@ -44,16 +54,26 @@ class _Episode:
 
 
 @dataclass
+class _Down:
+    since_ns: int
+    events: float
+
+
+@dataclass
 class LinkFlapDetector:
     quiet_s: float = QUIET_S
+    max_down_s: float = MAX_DOWN_S
     admin_grace_s: float = ADMIN_GRACE_S
-    _episodes: dict[str, _Episode] = field(default_factory=dict, repr=False)
-    _was_active: dict[tuple[str, str], bool] = field(default_factory=dict, repr=False)
+    _episodes: dict[tuple[str, str], _Episode] = field(default_factory=dict, repr=False)
+    _down: dict[tuple[str, str], _Down] = field(default_factory=dict, repr=False)
+    _outage_ended: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)
+    _half_transitions: dict[tuple[str, str], float] = field(default_factory=dict, repr=False)
     _admin: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        if self.quiet_s <= 0:
-            raise ValueError("quiet_s must be > 0")
+        for name in ("quiet_s", "max_down_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.admin_grace_s < 0:
             raise ValueError("admin_grace_s must be >= 0")
 
@@ -61,40 +81,72 @@ class LinkFlapDetector:
         out: list[Finding] = []
         for frame in view.frames:
             if frame.kind == NIC_PORT:
-                downs = self._nic_downs(view, frame)
+                downs = np.fmax(np.nan_to_num(frame.delta("link_downed")),
+                                np.nan_to_num(frame.delta("link_down_events_phy")))
+                state = frame.label("state")
+                is_down = np.array([bool(s) and not s.startswith(ACTIVE_STATE) for s in state])
+                operator = np.zeros(len(frame.ids), dtype=bool)
             elif frame.kind == SWITCH_PORT:
-                downs = self._switch_downs(view, frame)
+                # UP->DOWN and DOWN->UP each count 1; the two may land in different samples
+                downs = np.nan_to_num(frame.delta("interface-transitions")) / 2.0
+                is_down = frame.gauge("oper_up") == 0
+                operator = self._admin_toggled(view, frame)
             else:
                 continue
-            for i in np.flatnonzero(downs > 0):
-                out.extend(self._down(view, frame, i, float(downs[i])))
+            # Only ports with something going on (or down until now) cost Python work.
+            busy = set(np.flatnonzero((downs > 0) | is_down | operator).tolist())
+            if self._down or self._outage_ended:
+                busy |= {i for i, eid in enumerate(frame.ids)
+                         if (view.source, eid) in self._down or (view.source, eid) in self._outage_ended}
+            for i in sorted(busy):
+                key = (view.source, frame.ids[i])
+                if operator[i]:
+                    self._down.pop(key, None)
+                    continue
+                events = self._flap_events(key, float(downs[i]), bool(is_down[i]), view.time_ns)
+                if events:
+                    out.extend(self._flapped(view, frame, i, events))
         out.extend(self._resolve_quiet(view))
         return out
 
-    def _nic_downs(self, view: SourceView, frame: EntityFrame) -> np.ndarray:
-        # Either counter may be absent (IB vs RoCE); NaN (reset, first sample) is no evidence.
-        downs = np.fmax(np.nan_to_num(frame.delta("link_downed")), np.nan_to_num(frame.delta("link_down_events_phy")))
-        for i, (entity_id, state) in enumerate(zip(frame.ids, frame.label("state"))):
-            active = state.startswith(ACTIVE_STATE) if state else True
-            key = (view.source, entity_id)
-            if self._was_active.get(key, False) and not active:   # a port first seen down is not a flap
-                downs[i] = max(downs[i], 1.0)   # caught while down, before the counter moved
-            self._was_active[key] = active
-        return downs
+    def _flap_events(self, key: tuple[str, str], downs: float, is_down: bool, now_ns: int) -> float:
+        """Down events that make a flap now (0 while down, or for a long outage)."""
+        ended = self._outage_ended.get(key)
+        if ended is not None:
+            if now_ns - ended <= SETTLE_S * 1e9:
+                return 0.0
+            del self._outage_ended[key]
+        if downs % 1:   # half a flap (one transition) this sample: wait for its other half
+            downs += self._half_transitions.pop(key, 0.0)
+            if downs % 1:
+                self._half_transitions[key] = downs % 1
+                downs -= downs % 1
+        down = self._down.get(key)
+        if is_down:
+            if down is None:
+                self._down[key] = _Down(now_ns, max(downs, 1.0))
+            else:
+                down.events += downs
+            return 0.0
+        if down is None:
+            return downs                      # down and back within one sampling interval
+        del self._down[key]
+        if now_ns - down.since_ns > self.max_down_s * 1e9:
+            self._outage_ended[key] = now_ns
+            return 0.0                        # an outage, not a flap
+        return down.events + downs
 
-    def _switch_downs(self, view: SourceView, frame: EntityFrame) -> np.ndarray:
-        transitions = np.nan_to_num(frame.delta("interface-transitions"))
+    def _admin_toggled(self, view: SourceView, frame: EntityFrame) -> np.ndarray:
         admin = frame.gauge("admin_up")
-        downs = np.ceil(transitions / 2.0)
+        toggled = np.zeros(len(frame.ids), dtype=bool)
         for i, port in enumerate(frame.ids):
             key = (view.source, port)
             previous = self._admin.get(key)
             if previous is None or (admin[i] == admin[i] and admin[i] != previous[0]):
                 self._admin[key] = (admin[i], view.time_ns if previous is not None else 0)
-            _, changed_ns = self._admin[key]
-            if changed_ns and view.time_ns - changed_ns <= self.admin_grace_s * 1e9:
-                downs[i] = 0.0     # the operator toggled it
-        return downs
+            changed_ns = self._admin[key][1]
+            toggled[i] = bool(changed_ns) and view.time_ns - changed_ns <= self.admin_grace_s * 1e9
+        return toggled
 
     def _entity(self, view: SourceView, frame: EntityFrame, i: int) -> EntityRef:
         if frame.kind == NIC_PORT:
@@ -102,36 +154,32 @@ class LinkFlapDetector:
             return EntityRef(cluster=view.cluster, node=view.source, device=device, port=port)
         return EntityRef(cluster=view.cluster, switch=view.source, port=frame.ids[i])
 
-    def _down(self, view: SourceView, frame: EntityFrame, i: int, downs: float) -> list[Finding]:
-        entity = self._entity(view, frame, i)
-        key = f"link_flap:{entity.path()}"
+    def _flapped(self, view: SourceView, frame: EntityFrame, i: int, downs: float) -> list[Finding]:
+        key = (view.source, frame.ids[i])
         episode = self._episodes.get(key)
+        state = UPDATE if episode else OPEN
         if episode is None:
-            finding = Finding("link_flap", OPEN, entity, WARNING, onset_ns=view.time_ns, detected_ns=view.time_ns,
-                              detector=DETECTOR)
-            episode = self._episodes[key] = _Episode(finding, 0.0, view.time_ns)
+            f = Finding("link_flap", OPEN, self._entity(view, frame, i), WARNING, onset_ns=view.time_ns,
+                        detected_ns=view.time_ns, detector=DETECTOR)
+            episode = self._episodes[key] = _Episode(f, 0.0, view.time_ns)
         episode.downs += downs
         episode.last_down_ns = view.time_ns
         f = episode.finding
         f.severity = CRITICAL if episode.downs >= FLAPS_FOR_CRITICAL else WARNING
-        f.evidence = [Evidence("link_down_events", episode.downs, 0, "events", f"since {f.onset_ns} ns")]
-        name = f"{view.source} {frame.ids[i]}"
-        f.summary = f"{name} went down {episode.downs:g} time(s)"
+        f.evidence = [Evidence("link_down_events", episode.downs, 0, "events",
+                               f"downs of at most {self.max_down_s:g} s since the first")]
+        f.summary = f"{view.source} {frame.ids[i]} went down and came back {episode.downs:g} time(s)"
         f.probable_cause = "unstable link: cable, transceiver or peer port"
         f.suggested_action = ("inspect the cable and transceiver; consider isolating the link"
                               if f.severity == CRITICAL else "watch; clean or reseat the cable if it repeats")
-        if f.state == OPEN and episode.downs == downs:
-            return [f]
-        f.state, f.detected_ns = UPDATE, view.time_ns
-        return [Finding(**{**f.__dict__, "evidence": list(f.evidence)})]
+        return [Finding(**{**f.__dict__, "state": state, "detected_ns": view.time_ns, "evidence": list(f.evidence)})]
 
     def _resolve_quiet(self, view: SourceView) -> list[Finding]:
         out = []
         for key, episode in list(self._episodes.items()):
-            f = episode.finding
-            mine = f.entity.node == view.source or f.entity.switch == view.source
-            if mine and view.time_ns - episode.last_down_ns > self.quiet_s * 1e9:
+            if key[0] == view.source and view.time_ns - episode.last_down_ns > self.quiet_s * 1e9:
                 del self._episodes[key]
+                f = episode.finding
                 out.append(Finding("link_flap", RESOLVED, f.entity, f.severity, f.onset_ns, view.time_ns,
                                    f.evidence, summary=f"resolved: {f.summary}", detector=DETECTOR))
         return out
