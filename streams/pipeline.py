@@ -1,7 +1,7 @@
 """The detection pipeline over decoded telemetry, in three stages.
 
 1. per source (a node or switch, `observe`): rates, then the per-entity rules (downgrade,
-   flap, GPU faults), the PFC watchdog (whose onsets and restorations feed stage 2) and
+   flap, GPU faults), the per-node learned baseline (unknown anomalies), the PFC watchdog (whose onsets and restorations feed stage 2) and
    the node-health book (read by stage 3 for probable causes);
 2. per cluster (`locate`): the storm locator walks the topology from the watchdog's
    records to name each storm's source and its victims;
@@ -26,6 +26,7 @@ from fabricwatch.models.rates import RateTracker
 from fabricwatch.models.storm_locator import StormLocator
 from fabricwatch.models.straggler import StragglerDetector
 from fabricwatch.models.topology import DEFAULT_NIC_RATE, Topology
+from fabricwatch.models.unknown import UnknownAnomalyDetector
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 
 from .decode import to_view
@@ -57,6 +58,7 @@ class DetectionPipeline:
             LinkDowngradeDetector(topology, self.config.default_nic_rate, self.config.gpu_busy_utilization_pct),
             LinkFlapDetector(),
             GpuFaultDetector(),
+            UnknownAnomalyDetector(),
         ]
         self.watchdog = PfcWatchdog(self.config.pfc_detection_time_ms, self.config.pfc_restoration_time_ms)
         self.health = NodeHealthBook(topology=topology)
