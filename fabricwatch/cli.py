@@ -4,6 +4,7 @@
     fabricwatch gateway / worker       the two long-running services
     fabricwatch simulate               a simulated cluster streaming to a gateway
     fabricwatch replay                 the detectors over a recorded stream, offline
+    fabricwatch eval                   labelled scenario suites -> docs/evaluation.md (vs baselines)
     fabricwatch tail                   follow the anomalies topic
 """
 from __future__ import annotations
@@ -92,6 +93,19 @@ def cmd_replay(args) -> int:
     result = replay_file(args.input, args.output, pipeline)
     print(f"{len(result.events)} anomaly events -> {args.output}; "
           + " ".join(f"{k}={v}" for k, v in sorted(result.stats.items())), file=sys.stderr)
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from fabricwatch.evaluation.report import evaluate
+
+    command = "fabricwatch eval" + (f" --out {args.out}" if args.out != "docs/evaluation.md" else "") + (
+        " --quick" if args.quick else "") + (
+        f" --healthy-node-hours {args.healthy_node_hours:g}" if args.healthy_node_hours is not None else "") + (
+        f" --seed {args.seed}" if args.seed else "")
+    _, runs = evaluate(args.out, quick=args.quick, jobs=args.jobs, healthy_node_hours=args.healthy_node_hours,
+                       seed=args.seed, command=command, progress=not args.no_progress)
+    print(f"{len(runs)} scenarios -> {args.out}", file=sys.stderr)
     return 0
 
 
@@ -192,11 +206,26 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--as-fast-as-possible", action="store_true", help="do not pace ticks to the wall clock")
     sp.set_defaults(func=cmd_simulate)
 
+    from fabricwatch.collectors import switch as switch_collector
+
+    switch_collector.add_parser(sub)
+
     sp = sub.add_parser("replay", help="run the detectors over a recorded JSON Lines stream")
     sp.add_argument("--input", required=True)
     sp.add_argument("--output", required=True)
     detection_opts(sp)
     sp.set_defaults(func=cmd_replay)
+
+    sp = sub.add_parser("eval", help="score the detectors and two baselines on labelled simulated scenarios")
+    sp.add_argument("--out", default="docs/evaluation.md", help="markdown report; plots go to <out without .md>/")
+    sp.add_argument("--quick", action="store_true", help="a tiny suite (seconds): a smoke test, not numbers")
+    sp.add_argument("--jobs", type=int, default=min(2, len(os.sched_getaffinity(0))),
+                    help="scenarios run in this many processes (default: 2, or 1 on one core)")
+    sp.add_argument("--healthy-node-hours", type=float, default=None,
+                    help="node-hours of healthy runs for the false-alarm rate (default 8)")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--no-progress", action="store_true", help="no per-scenario line on stderr")
+    sp.set_defaults(func=cmd_eval)
 
     sp = sub.add_parser("tail", help="follow the anomalies topic")
     sp.add_argument("--broker", default="127.0.0.1:9092")
