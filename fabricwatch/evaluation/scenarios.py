@@ -1,0 +1,456 @@
+"""Scenario suites for `fabricwatch eval`, as data.
+
+A `Scenario` is everything needed to regenerate one labelled telemetry run: the fabric
+size, the sampling interval, the duration, the seed and the injected faults (times in
+seconds after the simulator start, as `fabricwatch.collectors.faults` defines them). The
+simulator reports each fault as a `GroundTruth` record (source entity, victims, onset,
+offset, ``expect_alert``), which `matching` scores detector output against.
+
+Suites (``suite`` field):
+
+* ``fault_mix`` (1 s sampling, 8 nodes): the real fault mix, two rounds of six faults on
+  distinct entities per scenario: NIC link speed/lanes low, NIC and GPU PCIe width,
+  cable link-down (flaps), GPU XIDs (incl. 48/79/94/95), uncorrectable ECC errors.
+* ``straggler`` (1 s, 8 nodes): one slow rank per multi-node job, from thermal, software
+  thermal or power capping, an invisible cause (slow data loader) or a downgraded NIC.
+* ``pfc_storm`` (0.1 s, 4 nodes): the sonic-mgmt pfcwd test plan: single-port storms during
+  traffic, two-port (same and different leaf), all-port storms, a storm with no traffic, a
+  storm ended by the NIC's own watchdog; PFC needs 0.1 s sampling so that the 200 ms
+  detection time can be judged. Plus one two-port storm of 100 s at 1 s sampling (8 nodes),
+  long enough for a ``for: 1m`` rule.
+* ``must_not_fire``: storms shorter than T_detect, the NIC watchdog ending a storm after
+  100 ms, XON floods (5 s; 110 s), admin port toggles (leaf port facing a NIC, leaf
+  uplink), a node reboot, clock skew (0.1 s or 1 s sampling as fits).
+* ``healthy``: long noisy healthy runs for the false-alarm rate, sized in node-hours.
+
+Every scenario has its own seed (job placement, noise), entities are drawn per seed.
+
+>>> suites = build_suites(SuiteConfig(quick=True))
+>>> sorted({s.suite for s in suites})
+['fault_mix', 'healthy', 'must_not_fire', 'pfc_storm']
+>>> full = build_suites(SuiteConfig(healthy_node_hours=1.0))
+>>> counts = expected_case_counts(full)
+>>> all(counts[c] >= 20 for c in ("link_downgrade", "pcie_downgrade", "link_flap", "pfc_storm",
+...                               "straggler", "gpu_xid", "gpu_ecc_uncorrectable"))
+True
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from fabricwatch.collectors.faults import (
+    INF, STORM_DETECTION_TIME_S, AdminToggle, ClockSkew, EccUncorrectable, Fault, GpuPcieDowngrade, GpuXid,
+    LinkDowngrade, LinkFlap, NicPcieDowngrade, NodeReboot, PfcStorm, Straggler,
+)
+from fabricwatch.collectors.simulator import DEFAULT_START_UNIX_NS, ClusterSimulator, Job, auto_jobs
+from fabricwatch.models.topology import Topology, rail_optimised
+
+__all__ = ["Scenario", "SuiteConfig", "build_suites", "expected_case_counts", "fault_class", "T_DETECT_S",
+           "FAULT_CLASSES"]
+
+T_DETECT_S = STORM_DETECTION_TIME_S   # SONiC pfcwd DEFAULT_DETECTION_TIME (200 ms)
+GPUS = 8
+
+# Ground-truth kind -> the fault class it is scored under.
+_CLASS_OF_GT_KIND = {
+    "link_downgrade": "link_downgrade",
+    "nic_pcie_downgrade": "pcie_downgrade",
+    "gpu_pcie_downgrade": "pcie_downgrade",
+    "link_flap": "link_flap",
+    "pfc_storm": "pfc_storm",
+    "straggler": "straggler",
+    "gpu_xid": "gpu_xid",
+    "ecc_uncorrectable": "gpu_ecc_uncorrectable",
+}
+FAULT_CLASSES = ("link_downgrade", "pcie_downgrade", "link_flap", "pfc_storm", "straggler", "gpu_xid",
+                 "gpu_ecc_uncorrectable")
+
+DOWNGRADE_RATES = ("200 Gb/sec (4X HDR)", "100 Gb/sec (4X EDR)", "400 Gb/sec (8X HDR)", "200 Gb/sec (2X NDR)")
+XID_CODES = (13, 31, 43, 48, 63, 74, 79, 92, 94, 95, 119)
+# Not "storm_victim": the simulator's storm next door has a stuck host, which hangs the source's
+# job and pauses the victim's almost completely, so no step of the slow rank ever completes.
+STRAGGLER_CAUSES = ("thermal", "power", "none", "nic_downgrade", "sw_thermal")
+
+
+def fault_class(gt_kind: str) -> str | None:
+    """The scored fault class of a ground-truth kind; None for kinds that only must-not-fire."""
+    return _CLASS_OF_GT_KIND.get(gt_kind)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One labelled run: a rail-optimised fabric, a sampling interval, faults, a seed."""
+    name: str
+    suite: str
+    seed: int
+    n_nodes: int
+    interval_s: float
+    duration_s: float
+    faults: tuple = ()
+    nodes_per_unit: int = 0       # 0: all nodes in one unit (up to 32)
+    n_spines: int = 2
+    note: str = ""
+
+    def topology(self) -> Topology:
+        return _topology(self.n_nodes, self.nodes_per_unit or min(32, self.n_nodes), self.n_spines)
+
+    def simulator(self) -> ClusterSimulator:
+        return ClusterSimulator(self.topology(), seed=self.seed, interval_s=self.interval_s,
+                                faults=list(self.faults))
+
+    @property
+    def simulator_start_ns(self) -> int:
+        return DEFAULT_START_UNIX_NS
+
+    @property
+    def ticks(self) -> int:
+        return int(round(self.duration_s / self.interval_s))
+
+    @property
+    def node_hours(self) -> float:
+        return self.n_nodes * self.duration_s / 3600.0
+
+    def describe_faults(self) -> str:
+        return "; ".join(_describe(f) for f in self.faults) or "none"
+
+
+@dataclass(frozen=True)
+class SuiteConfig:
+    """Sizes of the suites. The defaults finish `fabricwatch eval` in ~10 min on 2 cores."""
+    quick: bool = False
+    seed: int = 0
+    mix_scenarios: int = 12          # x 2 rounds: 24 cases of each fault-mix class
+    straggler_scenarios: int = 13    # 1-2 stragglers each (one per multi-node job)
+    storm_pair_scenarios: int = 6    # x 2 sequential single-port storms
+    healthy_node_hours: float = 8.0  # long healthy runs (1 s sampling) for false alarms
+    healthy_nodes: int = 32
+    healthy_run_s: float = 300.0     # each healthy run; runs = ceil(node-hours / (nodes x run))
+    healthy_fast_s: float = 60.0     # one healthy run at 0.1 s sampling (storm false alarms)
+
+
+@lru_cache(maxsize=64)
+def _topology(n_nodes: int, nodes_per_unit: int, n_spines: int) -> Topology:
+    return rail_optimised("eval", n_nodes=n_nodes, nodes_per_unit=nodes_per_unit, n_spines=n_spines)
+
+
+def _jobs(topo: Topology, seed: int) -> tuple[list[Job], list[str], list[str]]:
+    """Jobs as the simulator will place them, nodes of multi-node jobs, nodes with no job."""
+    jobs = auto_jobs(topo, seed)
+    busy = [n for j in jobs if len(j.nodes) >= 2 for n in j.nodes]
+    in_job = {n for j in jobs for n in j.nodes}
+    idle = [n for n in topo.nodes if n not in in_job]
+    return jobs, busy, idle
+
+
+def _frac(rng, lo: float, hi: float, interval_s: float) -> float:
+    """An onset in [lo, hi) that is not on a sampling instant (so delay < one interval is possible)."""
+    t = float(rng.uniform(lo, hi))
+    k = round(t / interval_s)
+    if abs(t - k * interval_s) < 0.05 * interval_s:
+        t += 0.37 * interval_s
+    return round(t, 3)
+
+
+def _nic(k: int) -> str:
+    return f"mlx5_{k}/1"
+
+
+# --------------------------------------------------------------------------- fault mix
+
+
+def _fault_mix(i: int, seed: int, n_nodes: int = 8, duration_s: float = 100.0, rounds=(15.0, 57.0)) -> Scenario:
+    topo = _topology(n_nodes, n_nodes, 2)
+    _, busy, _ = _jobs(topo, seed)
+    rng = np.random.default_rng([seed, 0xF1])
+    used_nic: set[tuple[str, int]] = set()
+    used_gpu: set[tuple[str, int]] = set()
+    faults: list[Fault] = []
+
+    def free_nic(node: str) -> int:
+        k = int(rng.integers(GPUS))
+        while (node, k) in used_nic:
+            k = (k + 1) % GPUS
+        used_nic.add((node, k))
+        return k
+
+    def free_gpu(node: str) -> int:
+        g = int(rng.integers(GPUS))
+        while (node, g) in used_gpu:
+            g = (g + 1) % GPUS
+        used_gpu.add((node, g))
+        return g
+
+    for r, base in enumerate(rounds):
+        gpu_pcie_node = busy[int(rng.integers(len(busy)))]   # visible while busy: a node that runs a job
+        others = [n for n in rng.permutation(topo.nodes).tolist() if n != gpu_pcie_node][:5]
+        dn, pn, fn, xn, en = others
+        t = _frac(rng, base, base + 8, 1.0)
+        off = INF if rng.random() < 0.5 else round(t + float(rng.uniform(15, 30)), 3)
+        faults.append(LinkDowngrade(dn, _nic(free_nic(dn)), onset_s=t, offset_s=off,
+                                    rate=DOWNGRADE_RATES[(i * 2 + r) % len(DOWNGRADE_RATES)]))
+        t = _frac(rng, base, base + 8, 1.0)
+        faults.append(NicPcieDowngrade(pn, _nic(free_nic(pn)), onset_s=t, width=int(rng.choice([8, 4]))))
+        t = _frac(rng, base, base + 8, 1.0)
+        faults.append(GpuPcieDowngrade(gpu_pcie_node, free_gpu(gpu_pcie_node), onset_s=t,
+                                       width=int(rng.choice([8, 4]))))
+        t = _frac(rng, base, base + 8, 1.0)
+        down = round(float(rng.uniform(1.0, 5.0)), 2)
+        flaps = int(rng.integers(1, 4))
+        faults.append(LinkFlap(fn, _nic(free_nic(fn)), onset_s=t, down_s=down, flaps=flaps,
+                               period_s=max(8.0, down + 3.0)))
+        t = _frac(rng, base, base + 8, 1.0)
+        code = XID_CODES[(i * 2 + r) % len(XID_CODES)]
+        g = free_gpu(xn)
+        if code == 79:
+            faults.append(GpuXid(xn, g, code, onset_s=t, offset_s=round(t + 15.0, 3)))
+        elif rng.random() < 0.3:
+            faults.append(GpuXid(xn, g, code, onset_s=t, repeat_s=5.0, offset_s=round(t + 20.0, 3)))
+        else:
+            faults.append(GpuXid(xn, g, code, onset_s=t))
+        t = _frac(rng, base, base + 8, 1.0)
+        faults.append(EccUncorrectable(en, free_gpu(en), onset_s=t, count=int(rng.integers(1, 4))))
+    return Scenario(f"mix-{i:02d}", "fault_mix", seed, n_nodes, 1.0, duration_s, tuple(faults),
+                    note="real fault mix, two rounds of six faults on distinct entities")
+
+
+# --------------------------------------------------------------------------- stragglers
+
+
+def _stragglers(i: int, seed: int, n_nodes: int = 8, duration_s: float = 100.0) -> Scenario:
+    topo = _topology(n_nodes, n_nodes, 2)
+    jobs, _, _ = _jobs(topo, seed)
+    rng = np.random.default_rng([seed, 0x57])
+    faults: list[Fault] = []
+    multi = [j for j in jobs if len(j.nodes) >= 2][:2]
+    for k, job in enumerate(multi):
+        cause = STRAGGLER_CAUSES[(2 * i + k) % len(STRAGGLER_CAUSES)]
+        node = job.nodes[int(rng.integers(len(job.nodes)))]
+        t = _frac(rng, 35.0 + 12 * k, 45.0 + 12 * k, 1.0)
+        factor = round(float(rng.uniform(1.2, 2.0)), 2)
+        faults.append(Straggler(node, int(rng.integers(GPUS)), onset_s=t, factor=factor, cause=cause))
+    return Scenario(f"straggler-{i:02d}", "straggler", seed, n_nodes, 1.0, duration_s, tuple(faults),
+                    note="one slow rank per multi-node job")
+
+
+# --------------------------------------------------------------------------- PFC storms (0.1 s)
+
+STORM_NODES = 4   # one unit: every leaf has one port per node, so a storm has victims on its leaf
+
+
+def _storm_cluster(seed: int):
+    topo = _topology(STORM_NODES, STORM_NODES, 2)
+    _, busy, idle = _jobs(topo, seed)
+    return topo, busy, idle
+
+
+def _storm_pair(i: int, seed: int) -> Scenario:
+    _, busy, _ = _storm_cluster(seed)
+    rng = np.random.default_rng([seed, 0x5A])
+    t1 = _frac(rng, 2.0, 3.0, 0.1)
+    d1 = round(float(rng.uniform(3.0, 5.0)), 2)
+    t2 = _frac(rng, t1 + d1 + 3.0, t1 + d1 + 4.0, 0.1)
+    d2 = round(float(rng.uniform(3.0, 5.0)), 2)
+    a, b = busy[int(rng.integers(len(busy)))], busy[int(rng.integers(len(busy)))]
+    ra, rb = int(rng.integers(GPUS)), int(rng.integers(GPUS))
+    faults = (PfcStorm(((a, _nic(ra)),), onset_s=t1, offset_s=round(t1 + d1, 3)),
+              PfcStorm(((b, _nic(rb)),), onset_s=t2, offset_s=round(t2 + d2, 3)))
+    return Scenario(f"storm-single-{i:02d}", "pfc_storm", seed, STORM_NODES, 0.1, math.ceil(t2 + d2 + 3.0),
+                    faults, nodes_per_unit=STORM_NODES,
+                    note="single-port storm during traffic (stuck host), twice, on random busy ports")
+
+
+def _storm_multi(kind: str, i: int, seed: int) -> Scenario:
+    topo, busy, idle = _storm_cluster(seed)
+    rng = np.random.default_rng([seed, 0x5B, i])
+    t = _frac(rng, 2.0, 3.0, 0.1)
+    d = round(float(rng.uniform(3.0, 5.0)), 2)
+    rail = int(rng.integers(GPUS))
+    duration = math.ceil(t + d + 3.0)
+    if kind == "two-port-same-leaf":
+        a, b = (busy[j] for j in rng.choice(len(busy), 2, replace=False))
+        sources = ((a, _nic(rail)), (b, _nic(rail)))
+        note = "two-port storm, both ports on the same leaf"
+    elif kind == "two-port-diff-leaf":
+        a, b = (busy[j] for j in rng.choice(len(busy), 2, replace=False))
+        rb = (rail + 1 + int(rng.integers(GPUS - 1))) % GPUS
+        sources = ((a, _nic(rail)), (b, _nic(rb)))
+        note = "two-port storm, ports on different leaves"
+    elif kind == "all-port":
+        sources = tuple((n, _nic(rail)) for n in topo.nodes)
+        note = "all-port storm: every NIC port of one leaf"
+    elif kind == "no-traffic":
+        node = idle[0] if idle else busy[-1]
+        sources = ((node, _nic(rail)),)
+        note = "storm from a port with no traffic queued for it (node runs no job)"
+    elif kind == "nic-watchdog-1s":
+        node = busy[int(rng.integers(len(busy)))]
+        fault = PfcStorm(((node, _nic(rail)),), onset_s=t, offset_s=round(t + d, 3), nic_watchdog_ms=1000.0)
+        return Scenario(f"storm-{kind}-{i:02d}", "pfc_storm", seed, STORM_NODES, 0.1, duration, (fault,),
+                        nodes_per_unit=STORM_NODES, note="storm that the NIC's own watchdog stops after 1 s")
+    else:
+        raise ValueError(kind)
+    fault = PfcStorm(sources, onset_s=t, offset_s=round(t + d, 3))
+    return Scenario(f"storm-{kind}-{i:02d}", "pfc_storm", seed, STORM_NODES, 0.1, duration, (fault,),
+                    nodes_per_unit=STORM_NODES, note=note)
+
+
+def _storm_long(seed: int) -> Scenario:
+    """A two-port storm over a minute and a half, at 1 s sampling (long enough for a `for: 1m` rule)."""
+    topo = _topology(8, 8, 2)
+    _, busy, _ = _jobs(topo, seed)
+    rng = np.random.default_rng([seed, 0x5C])
+    a, b = (busy[j] for j in rng.choice(len(busy), 2, replace=False))
+    rail = int(rng.integers(GPUS))
+    t = _frac(rng, 62.0, 66.0, 1.0)         # after a full minute of history, as a 1-minute rate expects
+    fault = PfcStorm(((a, _nic(rail)), (b, _nic((rail + 1) % GPUS))), onset_s=t, offset_s=round(t + 100.0, 3))
+    return Scenario("storm-long-1s", "pfc_storm", seed, 8, 1.0, 175.0, (fault,),
+                    note="two-port storm (different leaves) lasting 100 s, 1 s sampling")
+
+
+# --------------------------------------------------------------------------- must not fire
+
+
+def _must_not_fire(seed: int, quick: bool = False) -> list[Scenario]:
+    out = []
+    topo, busy, idle = _storm_cluster(seed)
+    rng = np.random.default_rng([seed, 0x3F])
+    a, b, c = (busy[j % len(busy)] for j in range(3))
+    short = tuple(PfcStorm(((n, _nic(int(rng.integers(GPUS)))),), onset_s=t, offset_s=round(t + d, 3))
+                  for n, t, d in ((a, 2.33, 0.05), (b, 4.37, 0.1), (c, 6.41, 0.15)))
+    out.append(Scenario("mnf-storm-shorter-than-tdetect", "must_not_fire", seed, STORM_NODES, 0.1, 9.0, short,
+                        nodes_per_unit=STORM_NODES, note="storms of 50, 100, 150 ms (< T_detect = 200 ms)"))
+    out.append(Scenario("mnf-xon-flood", "must_not_fire", seed + 1, STORM_NODES, 0.1, 9.0,
+                        (PfcStorm(((a, _nic(2)),), onset_s=2.33, offset_s=7.33, xon_only=True),),
+                        nodes_per_unit=STORM_NODES, note="XON-only frames (quanta 0) for 5 s: pause nothing"))
+    if quick:
+        return out
+    out.append(Scenario("mnf-nic-watchdog-100ms", "must_not_fire", seed + 2, STORM_NODES, 0.1, 9.0,
+                        (PfcStorm(((b, _nic(5)),), onset_s=2.33, offset_s=7.33, nic_watchdog_ms=100.0),),
+                        nodes_per_unit=STORM_NODES, note="the NIC's own watchdog ends the storm after 100 ms"))
+    leaf_port = topo.nic(c, _nic(3))
+    out.append(Scenario("mnf-admin-toggle-leaf-100ms", "must_not_fire", seed + 3, STORM_NODES, 0.1, 10.0,
+                        (AdminToggle(leaf_port.switch, leaf_port.switch_port, onset_s=2.33, down_s=3.0),),
+                        nodes_per_unit=STORM_NODES, note="operator shuts and re-enables a leaf port facing a busy NIC"))
+    # 1 s sampling, 8 nodes
+    topo8 = _topology(8, 8, 2)
+    _, busy8, _ = _jobs(topo8, seed + 10)
+    out.append(Scenario("mnf-node-reboot", "must_not_fire", seed + 10, 8, 1.0, 130.0,
+                        (NodeReboot(busy8[0], onset_s=30.4),),
+                        note="a busy node reboots (simulator default: 60 s down, job restarts 30 s later), "
+                             "counters restart near 0"))
+    _, busy8, _ = _jobs(topo8, seed + 11)
+    out.append(Scenario("mnf-clock-skew", "must_not_fire", seed + 11, 8, 1.0, 90.0,
+                        (ClockSkew(busy8[0], onset_s=30.4, skew_s=5.0),
+                         ClockSkew(busy8[-1], onset_s=50.4, offset_s=70.4, skew_s=-2.0)),
+                        note="one node's clock jumps 5 s ahead; another runs 2 s behind for 20 s"))
+    _, busy8, _ = _jobs(topo8, seed + 12)
+    up = next(link for link in topo8.links if link.a_switch.startswith("leaf"))
+    lp = topo8.nic(busy8[1], _nic(6))
+    out.append(Scenario("mnf-admin-toggle-1s", "must_not_fire", seed + 12, 8, 1.0, 90.0,
+                        (AdminToggle(up.a_switch, up.a_port, onset_s=30.4, down_s=10.0),
+                         AdminToggle(lp.switch, lp.switch_port, onset_s=55.4, down_s=5.0)),
+                        note="operator toggles a leaf uplink (10 s) and a leaf port facing a busy NIC (5 s)"))
+    _, busy8, _ = _jobs(topo8, seed + 13)
+    out.append(Scenario("mnf-xon-flood-long", "must_not_fire", seed + 13, 8, 1.0, 180.0,
+                        (PfcStorm(((busy8[2], _nic(1)),), onset_s=62.4, offset_s=172.4, xon_only=True),),
+                        note="XON-only flood for 110 s (long enough for a frame-rate rule with `for: 1m`)"))
+    return out
+
+
+# --------------------------------------------------------------------------- healthy
+
+
+def _healthy(cfg: SuiteConfig) -> list[Scenario]:
+    out = []
+    n = cfg.healthy_nodes
+    per_run = n * cfg.healthy_run_s / 3600.0
+    runs = max(1, math.ceil(cfg.healthy_node_hours / per_run - 1e-9)) if cfg.healthy_node_hours > 0 else 0
+    for k in range(runs):
+        out.append(Scenario(f"healthy-1s-{k:02d}", "healthy", cfg.seed + 1000 + k, n, 1.0, cfg.healthy_run_s,
+                            nodes_per_unit=min(32, n), n_spines=8 if n > 32 else 4,
+                            note="noisy healthy cluster, no faults"))
+    if cfg.healthy_fast_s > 0:
+        out.append(Scenario("healthy-100ms", "healthy", cfg.seed + 2000, 8, 0.1, cfg.healthy_fast_s,
+                            note="noisy healthy cluster at 0.1 s sampling (PFC-rate), no faults"))
+    return out
+
+
+# --------------------------------------------------------------------------- suites
+
+
+def _quick(cfg: SuiteConfig) -> list[Scenario]:
+    seed = cfg.seed
+    topo = _topology(4, 4, 2)
+    _, busy, _ = _jobs(topo, seed)
+    mix = Scenario("quick-mix", "fault_mix", seed, 4, 1.0, 24.0,
+                   (LinkDowngrade(busy[0], "mlx5_3/1", onset_s=8.4, offset_s=18.4),
+                    GpuXid(busy[1], 2, 48, onset_s=12.6)),
+                   nodes_per_unit=4, note="a clear 200G downgrade and an XID 48")
+    _, sbusy, _ = _storm_cluster(seed + 1)
+    storm = Scenario("quick-storm", "pfc_storm", seed + 1, STORM_NODES, 0.1, 6.0,
+                     (PfcStorm(((sbusy[0], "mlx5_5/1"),), onset_s=2.03, offset_s=4.53),),
+                     nodes_per_unit=STORM_NODES, note="one single-port storm")
+    healthy = Scenario("quick-healthy", "healthy", seed + 2, 4, 1.0, 40.0, nodes_per_unit=4,
+                       note="noisy healthy cluster, no faults")
+    return [mix, storm, healthy] + _must_not_fire(seed + 3, quick=True)[:1]
+
+
+def build_suites(cfg: SuiteConfig | None = None) -> list[Scenario]:
+    """Every scenario of one evaluation, deterministic in ``cfg``."""
+    cfg = cfg or SuiteConfig()
+    if cfg.quick:
+        return _quick(cfg)
+    s0 = cfg.seed
+    out: list[Scenario] = []
+    out += [_fault_mix(i, s0 + 100 + i) for i in range(cfg.mix_scenarios)]
+    out += [_stragglers(i, s0 + 200 + i) for i in range(cfg.straggler_scenarios)]
+    out += [_storm_pair(i, s0 + 300 + i) for i in range(cfg.storm_pair_scenarios)]
+    multi = ["two-port-same-leaf", "two-port-diff-leaf", "two-port-same-leaf", "two-port-diff-leaf", "all-port",
+             "no-traffic", "no-traffic", "nic-watchdog-1s"]
+    out += [_storm_multi(kind, i, s0 + 400 + i) for i, kind in enumerate(multi)]
+    out.append(_storm_long(s0 + 450))
+    out += _must_not_fire(s0 + 500)
+    out += _healthy(cfg)
+    return out
+
+
+def expected_case_counts(scenarios: list[Scenario]) -> Counter:
+    """Positive (expect_alert) ground-truth cases per fault class, as the simulator labels them."""
+    counts: Counter = Counter()
+    for sc in scenarios:
+        if not sc.faults:
+            continue
+        for gt in sc.simulator().ground_truth():
+            cls = fault_class(gt.kind)
+            if gt.expect_alert and cls:
+                counts[cls] += 1
+    return counts
+
+
+def _describe(f) -> str:
+    name = type(f).__name__
+    if isinstance(f, PfcStorm):
+        src = ",".join(f"{n}/{p}" for n, p in f.sources)
+        extra = " xon-only" if f.xon_only else ""
+        extra += f" nic-wd {f.nic_watchdog_ms:g} ms" if f.nic_watchdog_ms else ""
+        return f"{name}[{src}] {f.onset_s:g}-{f.offset_s:g} s{extra}"
+    who = getattr(f, "node", None) or getattr(f, "switch", "")
+    dev = getattr(f, "nic", None) or getattr(f, "port", None)
+    if dev is None and hasattr(f, "gpu"):
+        dev = f"gpu{f.gpu}"
+    off = getattr(f, "offset_s", INF)
+    when = f"{f.onset_s:g}" + (f"-{off:g}" if off != INF else "-") + " s"
+    extra = ""
+    if isinstance(f, LinkDowngrade):
+        extra = f" {f.rate}"
+    elif isinstance(f, GpuXid):
+        extra = f" xid {f.code}"
+    elif isinstance(f, Straggler):
+        extra = f" x{f.factor:g} {f.cause}"
+    return f"{name}[{who}/{dev}]{extra} {when}" if dev else f"{name}[{who}]{extra} {when}"
+
