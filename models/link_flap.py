@@ -10,7 +10,9 @@ updates as more follow, and resolves after `quiet_s` without one. What is not a 
 
 * a long outage (a reboot, a pulled cable, a port shut for maintenance): down for longer
   than `max_down_s`;
-* an operator's admin toggle of a switch port (`admin_up` changed within `admin_grace_s`);
+* an operator's admin toggle of a switch port (`admin_up` changed within `admin_grace_s`),
+  seen on the toggled port itself and, given a topology, on the port cabled to it (the NIC
+  behind a leaf port, the spine behind an uplink);
 * a counter reset after a reboot: no rate, hence no evidence.
 
 >>> import numpy as np
@@ -36,6 +38,7 @@ import numpy as np
 
 from .findings import CRITICAL, OPEN, RESOLVED, UPDATE, WARNING, EntityRef, Evidence, Finding
 from .frames import NIC_PORT, SWITCH_PORT, EntityFrame, SourceView
+from .topology import Topology
 
 DETECTOR = "link_flap/v2"
 QUIET_S = 300.0            # resolve after this long without a down event
@@ -61,6 +64,7 @@ class _Down:
 
 @dataclass
 class LinkFlapDetector:
+    topology: Topology | None = None
     quiet_s: float = QUIET_S
     max_down_s: float = MAX_DOWN_S
     admin_grace_s: float = ADMIN_GRACE_S
@@ -69,6 +73,7 @@ class LinkFlapDetector:
     _outage_ended: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)
     _half_transitions: dict[tuple[str, str], float] = field(default_factory=dict, repr=False)
     _admin: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict, repr=False)
+    _recent_admin: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)  # port -> change ns
 
     def __post_init__(self) -> None:
         for name in ("quiet_s", "max_down_s"):
@@ -86,11 +91,15 @@ class LinkFlapDetector:
                 state = frame.label("state")
                 is_down = np.array([bool(s) and not s.startswith(ACTIVE_STATE) for s in state])
                 operator = np.zeros(len(frame.ids), dtype=bool)
+                if self._recent_admin:
+                    operator = self._peer_admin_toggled(view, frame, downs, is_down)
             elif frame.kind == SWITCH_PORT:
                 # UP->DOWN and DOWN->UP each count 1; the two may land in different samples
                 downs = np.nan_to_num(frame.delta("interface-transitions")) / 2.0
                 is_down = frame.gauge("oper_up") == 0
                 operator = self._admin_toggled(view, frame)
+                if self._recent_admin:
+                    operator |= self._peer_admin_toggled(view, frame, downs, is_down)
             else:
                 continue
             # Only ports with something going on (or down until now) cost Python work.
@@ -146,7 +155,31 @@ class LinkFlapDetector:
                 self._admin[key] = (admin[i], view.time_ns if previous is not None else 0)
             changed_ns = self._admin[key][1]
             toggled[i] = bool(changed_ns) and view.time_ns - changed_ns <= self.admin_grace_s * 1e9
+            if changed_ns:
+                self._recent_admin[key] = changed_ns
         return toggled
+
+    def _peer_admin_toggled(self, view: SourceView, frame: EntityFrame, downs, is_down) -> np.ndarray:
+        """Ports whose cable peer is a switch port an operator toggled within the grace time."""
+        toggled = np.zeros(len(frame.ids), dtype=bool)
+        if self.topology is None:
+            return toggled
+        grace_ns = self.admin_grace_s * 1e9
+        for key, changed_ns in list(self._recent_admin.items()):
+            if view.time_ns - changed_ns > 2 * grace_ns:
+                del self._recent_admin[key]
+        for i in np.flatnonzero((downs > 0) | is_down).tolist():
+            peer = self._peer(view.source, frame.kind, frame.ids[i])
+            changed_ns = self._recent_admin.get(peer) if peer else None
+            toggled[i] = changed_ns is not None and abs(view.time_ns - changed_ns) <= grace_ns
+        return toggled
+
+    def _peer(self, source: str, kind: str, entity_id: str) -> tuple[str, str] | None:
+        if kind == NIC_PORT:
+            nic = self.topology.nic(source, entity_id)
+            return (nic.switch, nic.switch_port) if nic else None
+        peer = self.topology.peer_of(source, entity_id)
+        return (peer.switch, peer.port) if peer is not None and peer.switch else None
 
     def _entity(self, view: SourceView, frame: EntityFrame, i: int) -> EntityRef:
         if frame.kind == NIC_PORT:

@@ -56,7 +56,7 @@ class DetectionPipeline:
         self.rates = RateTracker()
         self.detectors = [
             LinkDowngradeDetector(topology, self.config.default_nic_rate, self.config.gpu_busy_utilization_pct),
-            LinkFlapDetector(),
+            LinkFlapDetector(topology),
             GpuFaultDetector(),
             UnknownAnomalyDetector(),
         ]
