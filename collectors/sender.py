@@ -100,7 +100,8 @@ class GatewaySender:
             try:
                 await self._one_stream(stop)
                 backoff = self.config.backoff_initial_s
-            except (grpc.aio.AioRpcError, ConnectionError, OSError) as exc:
+            except (grpc.aio.AioRpcError, ConnectionError, OSError, asyncio.InvalidStateError) as exc:
+                # InvalidStateError: grpc.aio refuses a write to a stream that just ended.
                 self.stats["stream_errors"] += 1
                 code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
                 if code == grpc.StatusCode.UNAUTHENTICATED:
@@ -141,7 +142,15 @@ class GatewaySender:
                         waiter.cancel()
                         stopper.cancel()
                         continue
-                    await room.acquire()
+                    # Wait for window room, but not past a broken stream or a stop: a gateway
+                    # that dies with the window full must not leave us waiting for acks forever.
+                    acquire = asyncio.create_task(room.acquire())
+                    stopper = asyncio.create_task(stop.wait())
+                    await asyncio.wait({acquire, reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                    stopper.cancel()
+                    if not acquire.done() or acquire.cancelled():
+                        acquire.cancel()
+                        continue   # the loop head re-raises the reader's error, or sees the stop
                     batch = [self._pending.popleft() for _ in range(min(self.config.max_batch, len(self._pending)))]
                     if not batch:
                         room.release()

@@ -166,3 +166,33 @@ def test_bounded_buffer_drops_oldest_and_counts():
     assert sender.buffered == 10
     assert sender.stats["dropped_buffer_full"] == 15
     assert [s.seq for s in sender._pending] == list(range(15, 25))
+
+
+async def test_sender_recovers_when_the_gateway_dies_with_the_window_full():
+    class StuckSink(RecordingSink):
+        async def write(self, records):
+            if self.fail:
+                await asyncio.sleep(3600)   # Kafka hangs: no ack ever comes
+            self.records.extend(records)
+
+    sink, port = StuckSink(), free_port()
+    sink.fail = True
+    service = IngestService(sink)
+    server = await start_server(service, port)
+    sender = GatewaySender(SenderConfig(target=f"127.0.0.1:{port}", max_batch=2, max_in_flight=1,
+                                        backoff_initial_s=0.05, backoff_max_s=0.2))
+    stop = asyncio.Event()
+    task = asyncio.create_task(sender.run(stop))
+    try:
+        for i in range(10):
+            sender.submit(nic_snapshot(source="node-0001", seq=i))
+        await asyncio.sleep(0.5)                  # one batch on the wire, the window is full
+        await server.stop(0)                      # the gateway dies without acking
+        sink.fail = False
+        server = await start_server(service, port)
+        assert await sender.drain(15), sender.stats
+        assert sorted(pb.Snapshot.FromString(v).seq for t, k, v in sink.records) == list(range(10))
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)          # and it stops when asked
+        await server.stop(0)
