@@ -206,8 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--as-fast-as-possible", action="store_true", help="do not pace ticks to the wall clock")
     sp.set_defaults(func=cmd_simulate)
 
+    from fabricwatch.collectors import node as node_collector
     from fabricwatch.collectors import switch as switch_collector
 
+    node_collector.add_parser(sub)
     switch_collector.add_parser(sub)
 
     sp = sub.add_parser("replay", help="run the detectors over a recorded JSON Lines stream")
