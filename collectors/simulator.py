@@ -386,7 +386,6 @@ class ClusterSimulator:
 
     def _index_topology(self) -> None:
         topo = self.topology
-        rng = self._rng
         self._cluster = topo.cluster
         self._nodes = list(topo.nodes)
         self._node_idx = {n: i for i, n in enumerate(self._nodes)}

@@ -55,3 +55,42 @@ def entity_rows(block: pb.CounterBlock) -> list[SimpleNamespace]:
                             gauges=list(block.gauges[i * k:(i + 1) * k]),
                             labels={name: values[i] for name, values in labels.items()})
             for i, eid in enumerate(block.entity_ids)]
+
+
+class RecordingSink:
+    """Stands in for Kafka behind a real in-process gRPC gateway: keeps (topic, key, value)."""
+
+    def __init__(self):
+        self.records = []
+        self.fail = False
+
+    async def write(self, records):
+        if self.fail:
+            raise ConnectionError("broker down")
+        self.records.extend(records)
+
+    def snapshots(self):
+        from fabricwatch.streams import topics
+
+        return [pb.Snapshot.FromString(v) for t, k, v in self.records if t == topics.TELEMETRY]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def start_server(service, port):
+    """The real gRPC ingest server around `service`, on 127.0.0.1:port, plaintext."""
+    import grpc
+
+    from fabricwatch.protos.v1 import telemetry_pb2_grpc as pb_grpc
+
+    server = grpc.aio.server()
+    pb_grpc.add_IngestServicer_to_server(service, server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    return server

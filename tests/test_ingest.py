@@ -4,12 +4,11 @@ The end-to-end path with the real broker is in test_pipeline_kafka.py; here the 
 contract, authentication, rejection and the sender's outage buffer are tested in isolation.
 """
 import asyncio
-import socket
 import time
 
 import grpc
 import pytest
-from helpers import gpu_block, nic_snapshot
+from helpers import RecordingSink, free_port, gpu_block, nic_snapshot, start_server
 
 from fabricwatch.collectors.sender import GatewaySender, SenderConfig
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
@@ -19,29 +18,10 @@ from fabricwatch.streams.auth import Collector, TokenAuth, token_digest
 from fabricwatch.streams.gateway import IngestService
 
 
-class RecordingSink:
-    def __init__(self):
-        self.records = []
-        self.fail = False
-
-    async def write(self, records):
-        if self.fail:
-            raise ConnectionError("broker down")
-        self.records.extend(records)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-async def start_server(service, port):
-    server = grpc.aio.server()
-    pb_grpc.add_IngestServicer_to_server(service, server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    return server
 
 
 def sources(sink):

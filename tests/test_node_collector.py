@@ -23,9 +23,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
-import grpc
 import pynvml
 import pytest
+
+from helpers import RecordingSink, free_port, start_server
 
 from fabricwatch.collectors import node as node_mod
 from fabricwatch.collectors.ethtool_stats import EthtoolFilter, EthtoolReader, RecordedSource, parse_ethtool_s
@@ -35,8 +36,6 @@ from fabricwatch.collectors.sender import GatewaySender, SenderConfig
 from fabricwatch.collectors.sysfs_nic import NicReader, rows_to_blocks
 from fabricwatch.counters import NIC_GAUGES, NIC_LABELS
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
-from fabricwatch.protos.v1 import telemetry_pb2_grpc as pb_grpc
-from fabricwatch.streams import topics
 from fabricwatch.streams.gateway import IngestService
 from fabricwatch.streams.validate import validate_snapshot
 
@@ -725,29 +724,10 @@ def test_cli_once_print_prints_one_snapshot_as_json(tmp_path, capsys):
 
 
 # =========================================================================== end to end over gRPC
-class RecordingSink:
-    def __init__(self):
-        self.records = []
-
-    async def write(self, records):
-        self.records.extend(records)
-
-    def snapshots(self):
-        return [pb.Snapshot.FromString(v) for t, k, v in self.records if t == topics.TELEMETRY]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-async def start_server(service, port):
-    server = grpc.aio.server()
-    pb_grpc.add_IngestServicer_to_server(service, server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    return server
 
 
 async def test_end_to_end_recorded_roce_node_to_the_real_gateway():

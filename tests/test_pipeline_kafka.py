@@ -16,7 +16,6 @@ from helpers import nic_snapshot
 
 from fabricwatch.collectors.sender import GatewaySender, SenderConfig
 from fabricwatch.protos.v1 import events_pb2 as ev
-from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.streams import topics
 from fabricwatch.streams.gateway import serve
 

@@ -560,7 +560,7 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
         f"{node_hours_all:.1f} simulated node-hours ({scores.healthy_node_hours:.2f} of them healthy runs). "
         f"CPU seconds: simulator {cpu['simulator']:.0f}, fabricwatch replay {cpu[FABRICWATCH]:.0f}, "
         f"static rules {cpu[STATIC]:.0f}, river HST {cpu[HST]:.0f}.")
-    add(f"* Event kinds fabricwatch emitted (OPEN): "
+    add("* Event kinds fabricwatch emitted (OPEN): "
         + (", ".join(f"`{k}` {v}" for k, v in sorted(kinds_seen.items())) or "none") + ".")
     add("* Data: the simulator (`collectors/simulator.py`), noisy healthy behaviour plus injected faults; every "
         "number below is on simulated telemetry, not on a real cluster.")
