@@ -68,9 +68,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .findings import CRITICAL, OPEN, RESOLVED, UPDATE, WARNING, EntityRef, Evidence, Finding
+from .findings import CRITICAL, INFO, OPEN, RESOLVED, UPDATE, WARNING, EntityRef, Evidence, Finding
 from .frames import RankStep, SourceView
-from .node_health import (CAUSE_ACTION, GPU_CAUSES, NETWORK_CAUSES, NodeHealthBook,
+from .node_health import (CAUSE_ACTION, GPU_CAUSES, NETWORK_CAUSES, STORM_VICTIM, NodeHealthBook,
                           describe_cause, rail_nic)
 
 DETECTOR = "straggler/v1"
@@ -476,9 +476,7 @@ class StragglerDetector:
         finding = Finding(
             KIND, state,
             EntityRef(cluster=cluster, node=last.node, device=f"gpu{last.gpu}", rank=str(rank), job=job_id),
-            # escalate only: a slowdown hovering at the critical factor must not flap the severity
-            severity=CRITICAL if slowdown >= self.critical_slowdown or (opened and opened.severity == CRITICAL)
-            else WARNING,
+            severity=self._severity(slowdown, cause, opened),
             onset_ns=opened.onset_ns if opened else first.start_ns,
             detected_ns=flagged[-1].end_ns,
             evidence=evidence,
@@ -492,6 +490,16 @@ class StragglerDetector:
                      EntityRef(cluster=cluster, node=last.node, device=device, port=port)],
         )
         return finding, cause
+
+    def _severity(self, slowdown: float, cause: str, opened: Finding | None) -> str:
+        # A rank slowed because its NIC is paused by a PFC storm is a symptom: the storm
+        # locator already pages for the storm, naming the affected jobs. Keep it as context.
+        if cause == STORM_VICTIM:
+            return INFO
+        # escalate only: a slowdown hovering at the critical factor must not flap the severity
+        if slowdown >= self.critical_slowdown or (opened is not None and opened.severity == CRITICAL):
+            return CRITICAL
+        return WARNING
 
     def _sweep(self) -> list[Finding]:
         out: list[Finding] = []
