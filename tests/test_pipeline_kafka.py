@@ -3,6 +3,7 @@
 The worker runs as its own process (`fabricwatch worker`), exactly as deployed.
 """
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -53,45 +54,54 @@ async def collect_anomalies(bootstrap, want, timeout_s, group):
     return found
 
 
-async def test_downgrade_flows_through_the_whole_pipeline(kafka_bootstrap, tmp_path, unused_tcp_port):
-    app_id = f"fw-test-{uuid.uuid4().hex[:8]}"
-    await topics.ensure_topics(kafka_bootstrap, topics.ALL_TOPICS)
-    worker = start_worker(kafka_bootstrap, tmp_path, app_id)
+@contextlib.asynccontextmanager
+async def gateway_and_sender(bootstrap, port):
+    """The real gateway (in-process) on 127.0.0.1:port, and a collector sender streaming to it."""
+    await topics.ensure_topics(bootstrap, topics.ALL_TOPICS)
     stop, ready = asyncio.Event(), asyncio.Event()
-    listen = f"127.0.0.1:{unused_tcp_port}"
-    gateway = asyncio.create_task(serve(kafka_bootstrap, listen, ready=ready, stop=stop, cluster="it"))
+    listen = f"127.0.0.1:{port}"
+    gateway = asyncio.create_task(serve(bootstrap, listen, ready=ready, stop=stop, cluster="it"))
     await asyncio.wait_for(ready.wait(), 60)
     sender = GatewaySender(SenderConfig(target=listen))
     sender_task = asyncio.create_task(sender.run(stop))
-    node = f"node-{uuid.uuid4().hex[:6]}"
     try:
-        t0 = time.time_ns()
-        for i in range(6):
-            rates = {5: "200 Gb/sec (4X HDR)"} if 2 <= i <= 3 else {}
-            snap = nic_snapshot(source=node, t_ns=t0 + i * S, seq=i, rates=rates, cluster="")
-            if i == 1:
-                snap.blocks[0].entity_ids[3] = "bad id!"   # malformed entity: dropped, rest kept
-            sender.submit(snap)
-        assert await sender.drain(30)
-        assert sender.stats["dropped_parts"] == 1
-
-        def done(found):
-            return any(e.lifecycle == ev.LIFECYCLE_RESOLVED and e.entity.node == node for _, e in found)
-
-        found = await collect_anomalies(kafka_bootstrap, done, 90, group=f"reader-{app_id}")
-        mine = [(k, e) for k, e in found if e.entity.node == node]
-        assert [(e.kind, e.lifecycle) for _, e in mine] == [("link_downgrade", ev.LIFECYCLE_OPEN),
-                                                            ("link_downgrade", ev.LIFECYCLE_RESOLVED)]
-        key, opened = mine[0]
-        assert key == opened.dedup_key.encode() == f"link_downgrade:it/{node}/mlx5_5/1".encode()
-        assert opened.entity.device == "mlx5_5" and opened.entity.cluster == "it"
-        assert opened.detected_unix_ns == t0 + 2 * S
-        assert {e.name for e in opened.evidence} >= {"rate_gbps", "lanes"}
-        assert "200 Gb/sec (4X HDR)" in opened.summary
+        yield sender
     finally:
         stop.set()
         await sender_task
         await gateway
+
+
+async def test_downgrade_flows_through_the_whole_pipeline(kafka_bootstrap, tmp_path, unused_tcp_port):
+    app_id = f"fw-test-{uuid.uuid4().hex[:8]}"
+    worker = start_worker(kafka_bootstrap, tmp_path, app_id)
+    node = f"node-{uuid.uuid4().hex[:6]}"
+    try:
+        async with gateway_and_sender(kafka_bootstrap, unused_tcp_port) as sender:
+            t0 = time.time_ns()
+            for i in range(6):
+                rates = {5: "200 Gb/sec (4X HDR)"} if 2 <= i <= 3 else {}
+                snap = nic_snapshot(source=node, t_ns=t0 + i * S, seq=i, rates=rates, cluster="")
+                if i == 1:
+                    snap.blocks[0].entity_ids[3] = "bad id!"   # malformed entity: dropped, rest kept
+                sender.submit(snap)
+            assert await sender.drain(30)
+            assert sender.stats["dropped_parts"] == 1
+
+            def done(found):
+                return any(e.lifecycle == ev.LIFECYCLE_RESOLVED and e.entity.node == node for _, e in found)
+
+            found = await collect_anomalies(kafka_bootstrap, done, 90, group=f"reader-{app_id}")
+            mine = [(k, e) for k, e in found if e.entity.node == node]
+            assert [(e.kind, e.lifecycle) for _, e in mine] == [("link_downgrade", ev.LIFECYCLE_OPEN),
+                                                                ("link_downgrade", ev.LIFECYCLE_RESOLVED)]
+            key, opened = mine[0]
+            assert key == opened.dedup_key.encode() == f"link_downgrade:it/{node}/mlx5_5/1".encode()
+            assert opened.entity.device == "mlx5_5" and opened.entity.cluster == "it"
+            assert opened.detected_unix_ns == t0 + 2 * S
+            assert {e.name for e in opened.evidence} >= {"rate_gbps", "lanes"}
+            assert "200 Gb/sec (4X HDR)" in opened.summary
+    finally:
         worker.terminate()
         worker.wait(30)
 
@@ -100,43 +110,34 @@ async def test_worker_restart_keeps_open_anomalies(kafka_bootstrap, tmp_path, un
     """An anomaly opened before a worker restart is resolved after it, and not opened twice."""
     app_id = f"fw-restart-{uuid.uuid4().hex[:8]}"
     state = tmp_path / "state"
-    await topics.ensure_topics(kafka_bootstrap, topics.ALL_TOPICS)
-    stop, ready = asyncio.Event(), asyncio.Event()
-    listen = f"127.0.0.1:{unused_tcp_port}"
-    gateway = asyncio.create_task(serve(kafka_bootstrap, listen, ready=ready, stop=stop, cluster="it"))
-    await asyncio.wait_for(ready.wait(), 60)
-    sender = GatewaySender(SenderConfig(target=listen))
-    sender_task = asyncio.create_task(sender.run(stop))
     node = f"node-{uuid.uuid4().hex[:6]}"
     t0 = time.time_ns()
     worker = start_worker(kafka_bootstrap, tmp_path, app_id, "--state-dir", str(state))
     try:
-        for i in range(4):   # opens on i=2 and stays open
-            sender.submit(nic_snapshot(source=node, t_ns=t0 + i * S, seq=i, cluster="",
-                                       rates={1: "200 Gb/sec (4X HDR)"} if i >= 2 else {}))
-        assert await sender.drain(30)
+        async with gateway_and_sender(kafka_bootstrap, unused_tcp_port) as sender:
+            for i in range(4):   # opens on i=2 and stays open
+                sender.submit(nic_snapshot(source=node, t_ns=t0 + i * S, seq=i, cluster="",
+                                           rates={1: "200 Gb/sec (4X HDR)"} if i >= 2 else {}))
+            assert await sender.drain(30)
 
-        def opened(found):
-            return any(e.entity.node == node for _, e in found)
+            def opened(found):
+                return any(e.entity.node == node for _, e in found)
 
-        await collect_anomalies(kafka_bootstrap, opened, 90, group=f"r1-{app_id}")
-        worker.terminate()                       # graceful: final checkpoint
-        assert worker.wait(60) == 0
-        assert (state / f"{app_id}.checkpoint").exists()
-        worker = start_worker(kafka_bootstrap, tmp_path, app_id, "--state-dir", str(state))
-        for i in range(4, 6):                    # the link is back
-            sender.submit(nic_snapshot(source=node, t_ns=t0 + i * S, seq=i, cluster=""))
-        assert await sender.drain(30)
+            await collect_anomalies(kafka_bootstrap, opened, 90, group=f"r1-{app_id}")
+            worker.terminate()                       # graceful: final checkpoint
+            assert worker.wait(60) == 0
+            assert (state / f"{app_id}.checkpoint").exists()
+            worker = start_worker(kafka_bootstrap, tmp_path, app_id, "--state-dir", str(state))
+            for i in range(4, 6):                    # the link is back
+                sender.submit(nic_snapshot(source=node, t_ns=t0 + i * S, seq=i, cluster=""))
+            assert await sender.drain(30)
 
-        def resolved(found):
-            return any(e.entity.node == node and e.lifecycle == ev.LIFECYCLE_RESOLVED for _, e in found)
+            def resolved(found):
+                return any(e.entity.node == node and e.lifecycle == ev.LIFECYCLE_RESOLVED for _, e in found)
 
-        found = await collect_anomalies(kafka_bootstrap, resolved, 90, group=f"r2-{app_id}")
-        mine = [(e.kind, e.lifecycle) for _, e in found if e.entity.node == node]
-        assert mine == [("link_downgrade", ev.LIFECYCLE_OPEN), ("link_downgrade", ev.LIFECYCLE_RESOLVED)]
+            found = await collect_anomalies(kafka_bootstrap, resolved, 90, group=f"r2-{app_id}")
+            mine = [(e.kind, e.lifecycle) for _, e in found if e.entity.node == node]
+            assert mine == [("link_downgrade", ev.LIFECYCLE_OPEN), ("link_downgrade", ev.LIFECYCLE_RESOLVED)]
     finally:
-        stop.set()
-        await sender_task
-        await gateway
         worker.terminate()
         worker.wait(30)
