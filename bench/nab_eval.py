@@ -22,7 +22,6 @@ import argparse
 import csv
 import importlib.util
 import math
-import os
 import platform
 import statistics
 import sys
@@ -30,6 +29,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from fabricwatch.machine import cpu_model, usable_cpus
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = ("standard", "reward_low_FP_rate", "reward_low_FN_rate")
@@ -236,17 +237,7 @@ def score(scorer, nab, corpus, scores):
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{ncpu} vCPU ({cpu}), {platform.system()} {platform.release()}"
+    return f"{usable_cpus()} vCPU ({cpu_model()}), {platform.system()} {platform.release()}"
 
 
 def main(argv=None) -> int:

@@ -38,6 +38,7 @@ from aiokafka.errors import KafkaError
 
 from fabricwatch.collectors.run_simulated import SimulationRun, build_simulator
 from fabricwatch.collectors.sender import GatewaySender, SenderConfig
+from fabricwatch.machine import cpu_model, usable_cpus
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.streams import topics
@@ -291,7 +292,7 @@ async def main(args) -> None:
 
 Command: `python3 bench/pipeline_bench.py --nodes {args.nodes} --ticks {args.ticks} --repeats {args.repeats}{
         f" --latency-rate {args.latency_rate:g}" if args.latency_rate else ""}{" --latency-only" if args.latency_only else ""}`
-Machine: {os.cpu_count()} vCPU ({platform.processor() or platform.machine()}), Python {platform.python_version()},
+Machine: {usable_cpus()} vCPU ({cpu_model()}), Python {platform.python_version()},
 broker, gateway, worker and load generator all on this machine.
 Workload: {n} node snapshots from the simulator ({args.nodes} nodes x 8 GPUs x 8 NICs x {args.ticks} ticks),
 {values:.0f} counter/gauge values and {size / 1024:.1f} KiB per snapshot.

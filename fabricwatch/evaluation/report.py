@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import platform
 import sys
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from fabricwatch.collectors.faults import GroundTruth
+from fabricwatch.machine import cpu_model, usable_cpus
 from fabricwatch.models.rates import RateTracker
 from fabricwatch.streams.decode import to_view
 from fabricwatch.streams.events import to_event
@@ -350,18 +350,16 @@ def _versions() -> str:
     return ", ".join(out)
 
 
+def _save(fig, path: Path, files: list[Path]) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    files.append(path)
+
+
 def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (f"{platform.system()} {platform.machine()}, {cpu}, {n} usable CPU core(s), "
+    return (f"{platform.system()} {platform.machine()}, {cpu_model()}, {usable_cpus()} usable CPU core(s), "
             f"Python {platform.python_version()}")
 
 
@@ -400,9 +398,7 @@ def write_plots(scores: Scores, out_dir: Path, detectors: tuple[str, ...] = DETE
     fig.suptitle("Per fault class, labelled suites (dashed: 0.95 target)")
     fig.tight_layout()
     p = out_dir / "scores_by_class.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    files.append(p)
+    _save(fig, p, files)
 
     # 2. detection delay distributions per class
     fig, axes = plt.subplots(1, len(classes), figsize=(2.3 * len(classes), 4.2))
@@ -427,9 +423,7 @@ def write_plots(scores: Scores, out_dir: Path, detectors: tuple[str, ...] = DETE
     fig.suptitle("Detection delay of true positives (bar: median; red dashed: T_detect + 100 ms)")
     fig.tight_layout()
     p = out_dir / "delay_by_class.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    files.append(p)
+    _save(fig, p, files)
 
     # 3. false alarms per 1000 node-hours on healthy runs
     fig, ax = plt.subplots(figsize=(7, 3.8))
@@ -454,9 +448,7 @@ def write_plots(scores: Scores, out_dir: Path, detectors: tuple[str, ...] = DETE
     ax.set_title(f"Healthy runs, {scores.healthy_node_hours:.3g} node-hours (dashed: target 1)")
     fig.tight_layout()
     p = out_dir / "false_alarms_healthy.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    files.append(p)
+    _save(fig, p, files)
     return files
 
 
