@@ -1,5 +1,9 @@
-"""fabricwatch.actions: what acts on anomalies (policy, guard rails, executors, alerts).
+"""fabricwatch.actions: what acts on anomalies.
 
-Not built yet (issue 5). Detectors never act: they emit `AnomalyEvent`s on the anomalies
-topic, which this layer will consume.
+``policy`` maps anomalies to actions (validated YAML, shadow by default); ``guards`` holds
+the guard rails (kill switch, blast-radius breaker, cooldown, idempotency ledger, flap
+memory); ``responder`` decides, pure and synchronous; ``executors/`` carry actions out
+(Slurm, Kubernetes, a command/webhook for job restart, switch ports); ``alerts/`` tell
+on-call (Alertmanager, PagerDuty, Slack, Feishu, WeCom). Kafka and gRPC stay in
+``fabricwatch.streams``: this package sees protobuf messages and dataclasses only.
 """

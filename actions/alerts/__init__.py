@@ -1,0 +1,1 @@
+"""Alert sinks: Alertmanager, PagerDuty, Slack, Feishu/Lark, WeCom."""
