@@ -49,6 +49,7 @@ class Finding:
     evidence: list[Evidence] = field(default_factory=list)
     confidence: float = 1.0
     probable_cause: str = ""
+    cause: str = ""           # machine-readable cause code behind probable_cause ("thermal", ...)
     suggested_action: str = ""
     summary: str = ""
     detector: str = ""

@@ -65,6 +65,8 @@ from .topology import Topology
 
 DETECTOR = "pfc_storm/v1"
 KIND = "pfc_storm"
+# Cause codes of a storm source (AnomalyEvent.cause_code), by how the source was found.
+CAUSE_STUCK_HOST, CAUSE_SILENT_HOST, CAUSE_SWITCH_PORT = "stuck_host", "silent_host", "switch_port"
 NIC_SOURCE_CONFIDENCE = 1.0
 # The source's own NIC is not reporting: the leaf port it holds is named instead.
 SILENT_SOURCE_CONFIDENCE = 0.6
@@ -388,13 +390,16 @@ class StormLocator:
     @staticmethod
     def _advice(root: _Root) -> dict:
         if root.how == "nic":
-            return {"probable_cause": "host stopped draining its receive queue (stuck host/NIC)",
+            return {"cause": CAUSE_STUCK_HOST,
+                    "probable_cause": "host stopped draining its receive queue (stuck host/NIC)",
                     "suggested_action": "isolate the source port (PFC watchdog drop) and drain the node"}
         if root.how == "silent":
-            return {"probable_cause": "the NIC behind this leaf port keeps it paused; its node reports nothing "
+            return {"cause": CAUSE_SILENT_HOST,
+                    "probable_cause": "the NIC behind this leaf port keeps it paused; its node reports nothing "
                                       "(down, partitioned or stuck host)",
                     "suggested_action": "isolate this leaf port; check and drain the node behind it"}
-        return {"probable_cause": "a switch port pauses its peer with no congested egress on its switch "
+        return {"cause": CAUSE_SWITCH_PORT,
+                "probable_cause": "a switch port pauses its peer with no congested egress on its switch "
                                   "(buffer/PFC misconfiguration or switch fault)",
                 "suggested_action": "isolate the switch port; check the switch's PFC and buffer configuration"}
 

@@ -482,6 +482,7 @@ class StragglerDetector:
             evidence=evidence,
             confidence=min(1.0, n / window_len) if window_len else 0.0,
             probable_cause=probable,
+            cause=cause,
             suggested_action=action,
             summary=summary,
             detector=DETECTOR,

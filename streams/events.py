@@ -41,6 +41,7 @@ def to_event(finding: Finding, emitted_ns: int) -> ev.AnomalyEvent:
                               detail=e.detail) for e in finding.evidence],
         confidence=finding.confidence,
         probable_cause=finding.probable_cause,
+        cause_code=finding.cause,
         suggested_action=finding.suggested_action,
         summary=finding.summary,
         related=[_path(r) for r in finding.related],
