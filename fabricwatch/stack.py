@@ -2,18 +2,22 @@
 
 Starts (each as its own process, logs in <state-dir>/logs/): the embedded Kafka broker
 unless --broker is given, the gateway (TLS with a self-signed certificate, a fresh
-collector token), the worker, and with --simulate a simulated cluster with injected
-faults. Then shows the anomalies live until Ctrl-C or --duration.
+collector token), the worker, the web dashboard (its URL is printed), the responder
+(shadow mode with the example policy unless --policy says otherwise), and with --simulate
+a simulated cluster with injected faults. Then shows the anomalies live until Ctrl-C or
+--duration.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -24,6 +28,8 @@ from fabricwatch.streams.auth import TokenAuth, new_token
 
 WORKER_READY_TIMEOUT_S = 120
 GATEWAY_READY_TIMEOUT_S = 60
+DASHBOARD_READY_TIMEOUT_S = 30
+DASHBOARD_LISTEN = "127.0.0.1:8080"
 
 
 def _wait_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen) -> None:
@@ -46,6 +52,7 @@ class LocalStack:
         self.logs = self.state / "logs"
         self.procs: list[subprocess.Popen] = []
         self.kafka = None
+        self.dashboard_url = ""
 
     def _spawn(self, name: str, *argv: str, env: dict | None = None) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "ab")
@@ -65,6 +72,9 @@ class LocalStack:
             from fabricwatch.models.topology import Topology
 
             Topology.load(self.args.topology)
+        from fabricwatch.streams.respond import load
+
+        load(self.args.policy)   # a bad response policy is refused before anything starts (PolicyError)
         self.logs.mkdir(parents=True, exist_ok=True)
         try:
             return self._run()
@@ -118,7 +128,29 @@ class LocalStack:
                 raise TimeoutError(f"worker not ready after {WORKER_READY_TIMEOUT_S} s; see {self.logs / 'worker.log'}")
             time.sleep(0.2)
         self._say("worker: joined its consumer group")
+        self._start_dashboard(bootstrap, topology)
+        self._spawn("respond", "respond", "--broker", bootstrap, *(["--policy", a.policy] if a.policy else []))
+        self._say(f"responder: policy {a.policy or 'deploy/policy.example.yaml'} (shadow mode unless it says "
+                  f"otherwise); decisions on fabricwatch.audit.v1 and the dashboard's feed")
         return asyncio.run(self._show(bootstrap, token, cert))
+
+    def _start_dashboard(self, bootstrap: str, topology: str | None) -> None:
+        """The web dashboard (fabricwatch.dashboard); `up` goes on without it if it cannot start."""
+        listen = getattr(self.args, "dashboard_listen", DASHBOARD_LISTEN)
+        argv = ["dashboard", "--broker", bootstrap, "--listen", listen] + (["--topology", topology] if topology else [])
+        proc = self._spawn("dashboard", *argv)
+        url = f"http://{listen}/"
+        deadline = time.monotonic() + DASHBOARD_READY_TIMEOUT_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:   # our dashboard answers /api/status; anything else on that port does not
+                with urllib.request.urlopen(url + "api/status", timeout=1) as resp:
+                    if "open_anomalies" in json.load(resp):
+                        self.dashboard_url = url
+                        self._say(f"dashboard: {url}")
+                        return
+            except (OSError, ValueError):
+                time.sleep(0.3)
+        self._say(f"dashboard: not started (port taken?); see {self.logs / 'dashboard.log'}")
 
     async def _show(self, bootstrap: str, token: str, cert: Path) -> int:
         a = self.args
@@ -138,7 +170,8 @@ class LocalStack:
         started = time.monotonic()
         while not stop.is_set():
             elapsed = time.monotonic() - started
-            view.status = f"up {elapsed:4.0f} s   open anomalies: {len(view.open)}"
+            view.status = f"up {elapsed:4.0f} s   open anomalies: {len(view.open)}" + (
+                f"   dashboard: {self.dashboard_url}" if self.dashboard_url else "")
             view.render()
             if a.duration and elapsed >= a.duration:
                 break
