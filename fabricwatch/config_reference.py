@@ -1,0 +1,360 @@
+"""docs/configuration.md, generated: every CLI option with its default, and every config-file key.
+
+    python3 -m fabricwatch.config_reference --write      # regenerate docs/configuration.md
+    python3 -m fabricwatch.config_reference --check      # exit 1 when the file is out of date
+
+The options and their defaults come from the argparse parsers (`fabricwatch.cli.build_parser`),
+the node collector's keys and defaults from its config dataclasses (`collectors/node.py`), the
+switch collector's keys from the key sets its loader accepts (`collectors/switch.py`). Only the
+one-line meanings of config keys live here, and `undocumented_keys` names any key the code
+accepts that has none, so a new key cannot slip past this page (tests/test_config_reference.py).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+REGENERATE = "python3 -m fabricwatch.config_reference --write"
+
+# Defaults that depend on the machine or the environment, stated as rules, not as the value
+# seen on the machine that generated the page.
+_VARIABLE_DEFAULTS = {
+    ("eval", "jobs"): "2 (1 on a one-core machine)",
+}
+
+# Meanings of options whose parser gives no help text (by argparse dest); the help text wins.
+_MEANINGS_WITHOUT_HELP = {
+    "broker": "Kafka bootstrap servers, `host:port[,host:port]`",
+    "listen": "gRPC listen address `host:port`; anything but loopback needs `--tls-cert/--tls-key` and `--tokens`",
+    "tls_cert": "PEM certificate (chain) the gateway presents",
+    "tls_key": "PEM private key of `--tls-cert`",
+    "nodes": "simulated GPU nodes (8 GPUs, 8 NICs each)",
+    "seed": "random seed",
+    "state_dir": "state directory: logs, embedded Kafka data, local TLS certificate and tokens",
+    "kafka_port": "port of the embedded Kafka broker (127.0.0.1)",
+    "gateway_listen": "listen address of the local gateway",
+    "input": "recorded snapshots, JSON Lines (`simulate --record`)",
+    "output": "anomaly events, JSON Lines",
+    "from_beginning": "start at the oldest anomaly kept on the topic, not at new ones",
+    "port": "broker port (127.0.0.1); the KRaft controller uses port + 1",
+}
+
+# ---------------------------------------------------------------------- node collector keys
+NODE_KEY_MEANINGS = {
+    "node_name": "the snapshot `source` and Kafka key; the token's `sources` globs must allow it",
+    "cluster": "cluster name (empty: the gateway's `--cluster`)",
+    "sysfs_root": "where sysfs is (tests point it at `tests/fixtures/sysfs/...`)",
+    "rediscover_s": "list ports, counter files and netdevs again after this long, seconds (1..86400)",
+    "gateway.target": "the gateway, `host:port`",
+    "gateway.token_file": "file holding the bearer token; required for a non-loopback target",
+    "gateway.ca_cert": "PEM of the CA of the gateway's certificate; required for a non-loopback target",
+    "gateway.server_name_override": "TLS name override (test certificates only)",
+    "gateway.max_buffered": "snapshots kept while the gateway is unreachable, oldest dropped (and counted) "
+                            "beyond (100..5,000,000); ~13.7 KB of memory each",
+    "gateway.max_batch": "snapshots per gRPC batch (1..10000)",
+    "gateway.linger_s": "group snapshots for this long before handing them to the sender, seconds (0..10)",
+    "intervals.ethtool_pfc": "PFC / pause counters (ethtool), seconds (0.01..3600)",
+    "intervals.ethtool": "ethtool phy, buffer and PCIe health counters, seconds",
+    "intervals.sysfs": "RDMA port counters, link state, netdev speed, NIC PCIe link, seconds",
+    "intervals.nvml": "GPUs, seconds (XID events go out with the next snapshot)",
+    "sources.sysfs": "read RDMA ports from sysfs (not all three sources off)",
+    "sources.ethtool": "read ethtool statistics of RoCE ports' netdevs",
+    "sources.nvml": "read GPUs through NVML (without a driver: one log line, the NIC sources go on)",
+    "ethtool.allow": "extra `ethtool -S` names or `fnmatch` globs, at `intervals.ethtool`",
+    "ethtool.allow_fast": "extra names or globs at `intervals.ethtool_pfc`",
+    "ethtool.recorded_dir": "testing and demos: read `<dir>/<ifname>.txt` (recorded `ethtool -S`) instead of the NIC",
+    "nvml.nvlink": "NVLink state and error counters",
+    "nvml.xid_events": "the XID event thread",
+    "nvml.energy": "the `energy_mj` counter (~2.8 ms of CPU per GPU and read)",
+}
+
+# ---------------------------------------------------------------------- switch collector keys
+# (key, default, meaning) per section; the key sets must equal collectors/switch.py's.
+SWITCH_TOP = [
+    ("cluster", "`\"\"`", "cluster name (empty: the gateway's `--cluster`)"),
+    ("gateway", "none", "where to send (omit to only `--record`); keys below"),
+    ("defaults", "none", "keys applied to every switch (all `switches[]` keys but `name`, `target`)"),
+    ("switches", "required", "the list of switches; keys below"),
+]
+SWITCH_GATEWAY = [
+    ("target", "required", "`host:port` of `fabricwatch gateway`"),
+    ("ca", "none", "PEM of the gateway's CA; required unless the target is loopback"),
+    ("token_file", "none", "file holding the collector's bearer token (preferred over `token`)"),
+    ("token", "env `FABRICWATCH_TOKEN`", "the bearer token itself (one of `token`, `token_file`)"),
+    ("server_name", "the target host", "TLS name override, when the gateway certificate names another host"),
+]
+SWITCH_SWITCH = [
+    ("name", "required", "switch name = snapshot `source`; unique"),
+    ("target", "required", "`host:port` of the switch's gNMI server; unique"),
+    ("profile", "`openconfig`", "`openconfig`, `sonic`, `arista`, `cumulus`"),
+    ("sample_interval_ms", "1000", "SAMPLE interval, sent in nanoseconds (10..3,600,000 ms)"),
+    ("heartbeat_interval_ms", "60000", "heartbeat of ON_CHANGE subscriptions; 0 = none"),
+    ("priorities", "`[0..7]`", "PFC priorities / queues to subscribe to and keep"),
+    ("credentials", "none", "YAML file `{username, password}`, mode 600"),
+    ("auth", "profile's", "`metadata`, `basic` (HTTP Basic) or `none`"),
+    ("encoding", "profile's", "`json_ietf`, `json`, `proto`, `ascii`, `bytes`"),
+    ("tls", "verify with system roots", "TLS settings; keys below"),
+    ("tick_quiet_ms", "0 (auto)", "fallback that closes a tick that never completes"),
+    ("stall_timeout_s", "0 (auto)", "reconnect when nothing arrives for this long (auto: max(3 intervals, 15 s))"),
+    ("backoff_initial_s", "0.5", "first reconnect delay, seconds (doubling, jittered)"),
+    ("backoff_max_s", "30", "longest reconnect delay, seconds"),
+]
+SWITCH_TLS = [
+    ("ca", "system roots", "PEM of the CA that signed the switch's certificate"),
+    ("server_name", "the target host", "name to check in the switch certificate"),
+    ("client_cert", "none", "mTLS client certificate (with `client_key`)"),
+    ("client_key", "none", "mTLS client key (with `client_cert`)"),
+    ("skip_verify", "false", "pin whatever certificate the switch presents (warned on every connect); excludes `ca`"),
+    ("plaintext", "false", "no TLS; loopback targets only"),
+]
+SWITCH_CREDENTIALS = [
+    ("username", "required", "gNMI user"),
+    ("password", "`\"\"`", "its password"),
+]
+
+# ---------------------------------------------------------------------- the gateway's tokens file
+TOKENS_KEYS = [
+    ("name", "`collector-<index>`", "the collector's name, in logs and rejection counts"),
+    ("token_sha256", "required", "SHA-256 of the bearer token, 64 lowercase hex digits (the token itself is never stored)"),
+    ("sources", "required", "non-empty list of `fnmatch` globs of the node / switch names it may report"),
+]
+
+ENVIRONMENT = [
+    ("FABRICWATCH_STATE", "`.fabricwatch`", "default `--state-dir` of `up` and `kafka`"),
+    ("FABRICWATCH_TOKEN", "none", "collector token of `simulate` (no `--token`) and `collect-switch` (no `gateway.token*`)"),
+    ("FABRICWATCH_WORKER_READY_FILE", "none", "`worker` touches this file once its first rebalance completes (readiness)"),
+    ("FABRICWATCH_CACHE", "`~/.cache/fabricwatch`", "where the embedded Kafka's jars are kept"),
+]
+
+
+# ---------------------------------------------------------------------- rendering
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _default_of(command: str, action: argparse.Action) -> str:
+    if (command, action.dest) in _VARIABLE_DEFAULTS:
+        return _VARIABLE_DEFAULTS[(command, action.dest)]
+    if action.required:
+        return "required"
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        return "off" if isinstance(action, argparse._StoreTrueAction) else "on"
+    default = action.default
+    if default is None or default == "":
+        text = "none"
+    else:
+        from fabricwatch.cli import DEFAULT_STATE_DIR
+
+        if isinstance(default, Path) and default == DEFAULT_STATE_DIR:
+            return "`.fabricwatch` (env `FABRICWATCH_STATE`)"
+        text = f"`{default}`"
+    if action.nargs == "?" and action.const is not None:
+        text += f"; given alone: `{action.const}`"
+    return text
+
+
+def _option_rows(command: str, parser: argparse.ArgumentParser) -> list[str]:
+    rows = []
+    for action in parser._actions:
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+            continue
+        if action.option_strings:
+            name = ", ".join(f"`{o}`" for o in action.option_strings)
+            if action.metavar and action.nargs != 0:
+                name += f" `{action.metavar}`" if action.nargs != "?" else f" `[{action.metavar}]`"
+        else:
+            name = f"`{action.metavar or action.dest}` (positional)"
+        meaning = action.help or _MEANINGS_WITHOUT_HELP.get(action.dest, "")
+        if action.choices:
+            meaning = (meaning + "; " if meaning else "") + "one of " + ", ".join(f"`{c}`" for c in action.choices)
+        rows.append(f"| {name} | {_cell(_default_of(command, action))} | {_cell(meaning)} |")
+    return rows
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, tuple[argparse.ArgumentParser, str]]:
+    """Subcommand name -> (its parser, its one-line help), in the order they were added."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help or "" for a in action._choices_actions}
+            return {name: (sp, helps.get(name, "")) for name, sp in action.choices.items()}
+    return {}
+
+
+def node_config_keys() -> list[tuple[str, str]]:
+    """(dotted key, default) of every node collector config key, from the dataclasses."""
+    from fabricwatch.collectors.node import NodeConfig
+
+    def walk(obj, prefix: str):
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):
+                yield from walk(value, f"{prefix}{f.name}.")
+            else:
+                yield f"{prefix}{f.name}", value
+
+    return list(walk(NodeConfig(), ""))
+
+
+def _yaml_default(key: str, value) -> str:
+    if key == "node_name":
+        return "host name"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return "`[]`" if not value else f"`{list(value)}`"
+    if value == "":
+        return '`""`'
+    return f"`{value}`"
+
+
+def undocumented_keys() -> list[str]:
+    """Config keys the code accepts that this page does not describe (must stay empty)."""
+    from fabricwatch.collectors import switch
+
+    missing = [f"collect: {k}" for k, _ in node_config_keys() if k not in NODE_KEY_MEANINGS]
+    for label, rows, keys in (("collect-switch top level", SWITCH_TOP, switch._TOP_KEYS),
+                              ("collect-switch gateway", SWITCH_GATEWAY, switch._GATEWAY_KEYS),
+                              ("collect-switch switches[]", SWITCH_SWITCH, switch._SWITCH_KEYS),
+                              ("collect-switch tls", SWITCH_TLS, switch._TLS_KEYS),
+                              ("collect-switch credentials", SWITCH_CREDENTIALS, switch._CREDENTIAL_KEYS)):
+        documented = {k for k, _, _ in rows}
+        missing += [f"{label}: {k} (accepted, not documented)" for k in sorted(set(keys) - documented)]
+        missing += [f"{label}: {k} (documented, not accepted)" for k in sorted(documented - set(keys))]
+    return missing
+
+
+def _key_table(rows) -> list[str]:
+    return ["| key | default | meaning |", "|---|---|---|"] + [
+        f"| `{k}` | {_cell(d)} | {_cell(m)} |" for k, d, m in rows]
+
+
+def render() -> str:
+    """The whole of docs/configuration.md."""
+    from fabricwatch.cli import build_parser
+
+    parser = build_parser()
+    out = [
+        "# Configuration reference",
+        "",
+        f"Generated from the code by `{REGENERATE}`; do not edit by hand",
+        "(`tests/test_config_reference.py` fails when this page is out of date).",
+        "Every option of every `fabricwatch` subcommand with its default, then the keys of the",
+        "collector config files and of the gateway's tokens file. Deployment files that set",
+        "them: `deploy/` (Compose, Helm, systemd); the operator's guide is `docs/operations.md`.",
+        "",
+        "## Global options",
+        "",
+        "Given before the subcommand: `fabricwatch --log-level INFO gateway ...`.",
+        "",
+        "| option | default | meaning |",
+        "|---|---|---|",
+        *_option_rows("", parser),
+        "",
+    ]
+    for name, (sp, help_text) in subcommands(parser).items():
+        out += [f"## `fabricwatch {name}`", ""]
+        if help_text:
+            out += [help_text.rstrip(".") + ".", ""]
+        rows = _option_rows(name, sp)
+        if rows:
+            out += ["| option | default | meaning |", "|---|---|---|", *rows, ""]
+        else:
+            out += ["No options.", ""]
+
+    out += [
+        "## Node collector config (`fabricwatch collect --config`)",
+        "",
+        "YAML; every key is optional; unknown keys, wrong types and out-of-range values are refused",
+        "at start with the key named. Example: `deploy/collector.example.yaml`; details:",
+        "`docs/collectors.md`.",
+        "",
+        "| key | default | meaning |",
+        "|---|---|---|",
+    ]
+    for key, value in node_config_keys():
+        out.append(f"| `{key}` | {_cell(_yaml_default(key, value))} | {_cell(NODE_KEY_MEANINGS.get(key, ''))} |")
+    out += [
+        "",
+        "## Switch collector config (`fabricwatch collect-switch --config`)",
+        "",
+        "YAML; unknown keys are errors at every level. Relative file paths are taken from the",
+        "config file's directory. Example: `deploy/switch-collector.example.yaml`; details:",
+        "`docs/collectors-switch.md`.",
+        "",
+        "Top level:",
+        "",
+        *_key_table(SWITCH_TOP),
+        "",
+        "`gateway`:",
+        "",
+        *_key_table(SWITCH_GATEWAY),
+        "",
+        "`switches[]` (and `defaults`; a switch's own keys win, `tls` is merged key by key):",
+        "",
+        *_key_table(SWITCH_SWITCH),
+        "",
+        "`tls`:",
+        "",
+        *_key_table(SWITCH_TLS),
+        "",
+        "The `credentials` file:",
+        "",
+        *_key_table(SWITCH_CREDENTIALS),
+        "",
+        "## Gateway tokens file (`fabricwatch gateway --tokens`)",
+        "",
+        "YAML with a `collectors` list; one entry per collector (`streams/auth.py`). A collector",
+        "sends `authorization: Bearer <token>`; a snapshot for a source outside its globs is",
+        "refused (`source_not_allowed`). `deploy/compose/make-secrets.sh` writes one.",
+        "",
+        "```yaml",
+        "collectors:",
+        "  - name: rack-12",
+        "    token_sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+        "    sources: [\"node-12*\"]",
+        "```",
+        "",
+        *_key_table(TOKENS_KEYS),
+        "",
+        "## Environment variables",
+        "",
+        "| variable | default | meaning |",
+        "|---|---|---|",
+        *[f"| `{k}` | {_cell(d)} | {_cell(m)} |" for k, d, m in ENVIRONMENT],
+        "",
+    ]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m fabricwatch.config_reference", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help=f"write {DOC_PATH.name}")
+    mode.add_argument("--check", action="store_true", help="exit 1 when the file differs from the code")
+    ap.add_argument("--path", type=Path, default=DOC_PATH)
+    args = ap.parse_args(argv)
+    missing = undocumented_keys()
+    if missing:
+        print("config keys without a meaning in fabricwatch/config_reference.py:\n  " + "\n  ".join(missing),
+              file=sys.stderr)
+        return 1
+    text = render()
+    if args.write:
+        args.path.write_text(text, encoding="utf-8")
+        print(f"wrote {args.path}", file=sys.stderr)
+    elif args.check:
+        current = args.path.read_text(encoding="utf-8") if args.path.exists() else ""
+        if current != text:
+            print(f"{args.path} is out of date: run `{REGENERATE}`", file=sys.stderr)
+            return 1
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
