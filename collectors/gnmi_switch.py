@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from fabricwatch.counters import PFC_PRIORITIES, SWITCH_GAUGES
+from fabricwatch.netaddr import is_loopback
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 
 from .gnmi_profiles import (
@@ -488,14 +489,6 @@ def split_target(target: str) -> tuple[str, int]:
         raise ValueError(f"target {target!r} is not host:port")
     return host.strip("[]"), int(port)
 
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def subscribe_request(group: SubscriptionGroup, settings: SwitchSettings,

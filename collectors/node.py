@@ -30,6 +30,9 @@ Snapshots go through `GatewaySender`: ``submit()`` never blocks, unacked batches
 and resent after an outage, up to ``gateway.max_buffered`` snapshots (oldest dropped after).
 Reads run on one worker thread, so a slow NVML call never stalls the sender; a tick that
 falls behind is skipped and counted (``overruns``), never queued.
+
+Metrics (``--metrics-listen``): samples and overruns per source, counted per tick, and
+the readers' field errors by kind, mirrored from their problem counters once a second.
 """
 from __future__ import annotations
 
@@ -50,6 +53,8 @@ from typing import Any
 
 import yaml
 
+from fabricwatch import metrics
+
 from .ethtool_stats import EthtoolReader
 from .nvml_gpu import GpuReader
 from .sysfs_nic import NAN, EntityRow, NicReader, rows_to_blocks
@@ -69,6 +74,8 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+=-]*$")   # what the gateway ac
 # Two sources whose due times are this close share a tick.
 _SAME_TICK_S = 0.002
 SOURCES = ("ethtool_pfc", "ethtool", "sysfs", "nvml")
+_SAMPLES = {s: metrics.COLLECTOR_SAMPLES.labels(s) for s in SOURCES}
+FIELD_ERRORS_SYNC_S = 1.0
 
 
 class ConfigError(ValueError):
@@ -423,7 +430,8 @@ class NodeCollector:
         linger = self.config.gateway.linger_s if linger_s is None else linger_s
         held: list = []
         held_since = 0.0
-        last_report = time.monotonic()
+        last_report = last_sync = time.monotonic()
+        field_errors = metrics.CounterMirror(metrics.COLLECTOR_FIELD_ERRORS)
         try:
             while not stop.is_set():
                 wake = min(s.next_s for s in plan)
@@ -448,6 +456,9 @@ class NodeCollector:
                             missed = math.floor((now - s.next_s) / s.interval_s) + 1
                             s.next_s += missed * s.interval_s
                             self.stats[f"overruns_{s.source}"] += missed
+                            metrics.COLLECTOR_OVERRUNS.labels(s.source).inc(missed)
+                for source in due:
+                    _SAMPLES[source].inc()
                 snap = None
                 if due == {"ethtool_pfc"}:
                     snap = self.collect(due)    # ioctls only: cheaper inline than a thread handoff
@@ -466,6 +477,12 @@ class NodeCollector:
                     held.clear()
                 if max_snapshots is not None and self.stats["snapshots"] >= max_snapshots:
                     break
+                if now - last_sync >= FIELD_ERRORS_SYNC_S:
+                    last_sync = now
+                    try:
+                        field_errors.sync(self.problems())
+                    except RuntimeError:   # the NVML XID thread added a kind mid-merge: next second
+                        pass
                 if now - last_report >= 60:
                     last_report = now
                     self._log_stats(sender)

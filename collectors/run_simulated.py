@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import yaml
 
+from fabricwatch import metrics
+
 from .sender import GatewaySender, SenderConfig
 from .simulator import ClusterSimulator, demo_scenario
 
@@ -48,6 +50,7 @@ async def run_simulation(run: SimulationRun, sender_config: SenderConfig | None)
     sender_task = asyncio.create_task(sender.run(stop)) if sender else None
     record = open(run.record_path, "w", encoding="utf-8") if run.record_path else None
     ticks = int(run.duration_s / run.interval_s) if run.duration_s else None
+    samples = metrics.COLLECTOR_SAMPLES.labels("simulator")
     try:
         i = 0
         while ticks is None or i < ticks:
@@ -59,6 +62,7 @@ async def run_simulation(run: SimulationRun, sender_config: SenderConfig | None)
                 await asyncio.sleep(max(0.0, (due_ns - time.time_ns()) / 1e9))
             else:
                 await asyncio.sleep(0)
+            samples.inc(len(snapshots))
             for snap in snapshots:
                 stats["snapshots"] += 1
                 if sender:

@@ -5,6 +5,10 @@ batches over one bidirectional gRPC stream; a batch stays buffered until the gat
 it, and after a broken stream every unacked batch is resent first, in order. The buffer is
 bounded: past `max_buffered` snapshots the oldest are dropped and counted. Reconnects back
 off exponentially with jitter.
+
+Metrics (`fabricwatch.metrics`, collector group) move per submit and per ack: buffer
+depth, dropped snapshots, reconnects, acked snapshots and the time of the last ack, which
+the "collector silent" alert watches.
 """
 from __future__ import annotations
 
@@ -12,15 +16,20 @@ import asyncio
 import itertools
 import logging
 import random
+import time
 from collections import Counter, deque
 from dataclasses import dataclass
 
 import grpc
 
+from fabricwatch import metrics
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.protos.v1 import telemetry_pb2_grpc as pb_grpc
 
 log = logging.getLogger("fabricwatch.sender")
+_ACKED = metrics.COLLECTOR_SNAPSHOTS_ACKED.labels("accepted")
+_REJECTED = metrics.COLLECTOR_SNAPSHOTS_ACKED.labels("rejected")
+_RECONNECTS = metrics.COLLECTOR_RECONNECTS.labels("gateway")
 
 
 @dataclass(frozen=True)
@@ -29,6 +38,8 @@ class SenderConfig:
     token: str = ""
     root_cert_path: str = ""          # PEM of the gateway's CA; empty = plaintext (loopback only)
     server_name_override: str = ""    # TLS name check override (self-signed local certs)
+    client_cert_path: str = ""        # mTLS: our certificate (PEM), for a gateway run with --client-ca
+    client_key_path: str = ""         # mTLS: its private key (PEM)
     max_batch: int = 64               # snapshots per batch
     max_in_flight: int = 8            # unacked batches on the wire (backpressure)
     max_buffered: int = 100_000       # snapshots kept across an outage before dropping the oldest
@@ -41,6 +52,10 @@ class SenderConfig:
                 raise ValueError(f"{name} must be >= 1")
         if not 0 < self.backoff_initial_s <= self.backoff_max_s:
             raise ValueError("need 0 < backoff_initial_s <= backoff_max_s")
+        if bool(self.client_cert_path) != bool(self.client_key_path):
+            raise ValueError("client_cert_path and client_key_path go together (mTLS)")
+        if self.client_cert_path and not self.root_cert_path:
+            raise ValueError("a client certificate needs TLS: set root_cert_path too")
 
 
 def open_channel(config: SenderConfig) -> grpc.aio.Channel:
@@ -49,7 +64,14 @@ def open_channel(config: SenderConfig) -> grpc.aio.Channel:
         options.append(("grpc.ssl_target_name_override", config.server_name_override))
     if config.root_cert_path:
         with open(config.root_cert_path, "rb") as fh:
-            creds = grpc.ssl_channel_credentials(root_certificates=fh.read())
+            root = fh.read()
+        key = chain = None
+        if config.client_cert_path:
+            with open(config.client_key_path, "rb") as fh:
+                key = fh.read()
+            with open(config.client_cert_path, "rb") as fh:
+                chain = fh.read()
+        creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
         return grpc.aio.secure_channel(config.target, creds, options=options)
     return grpc.aio.insecure_channel(config.target, options=options)
 
@@ -64,18 +86,26 @@ class GatewaySender:
         self._drained = asyncio.Event()
         self.stats: Counter[str] = Counter()
         self.last_ack: pb.IngestAck | None = None
+        # Silence is measured from the start: a sender that never gets an ack is silent too.
+        metrics.COLLECTOR_LAST_SEND_TIMESTAMP.set(time.time())
 
     # -- producer side --------------------------------------------------------------------
     def submit(self, snapshot: pb.Snapshot) -> None:
         """Queue a snapshot; never blocks. Drops (and counts) the oldest when full."""
         self._pending.append(snapshot)
         self.stats["submitted"] += 1
-        overflow = len(self._pending) + sum(map(len, self._in_flight.values())) - self.config.max_buffered
+        buffered = len(self._pending) + sum(map(len, self._in_flight.values()))
+        overflow = buffered - self.config.max_buffered
+        dropped = 0
         for _ in range(max(0, overflow)):
             if not self._pending:
                 break
             self._pending.popleft()
-            self.stats["dropped_buffer_full"] += 1
+            dropped += 1
+        if dropped:
+            self.stats["dropped_buffer_full"] += dropped
+            metrics.COLLECTOR_DROPPED_SNAPSHOTS.inc(dropped)
+        metrics.COLLECTOR_BUFFERED_SNAPSHOTS.set(buffered - dropped)
         self._drained.clear()
         self._wakeup.set()
 
@@ -118,6 +148,7 @@ class GatewaySender:
             except asyncio.TimeoutError:
                 pass
             self.stats["reconnects"] += 1
+            _RECONNECTS.inc()
 
     def _requeue_in_flight(self) -> None:
         for batch_id in sorted(self._in_flight, reverse=True):
@@ -144,6 +175,8 @@ class GatewaySender:
                         continue
                     # Wait for window room, but not past a broken stream or a stop: a gateway
                     # that dies with the window full must not leave us waiting for acks forever.
+                    if room.locked():
+                        self.stats["window_full_waits"] += 1   # the gateway is the bottleneck: backpressure
                     acquire = asyncio.create_task(room.acquire())
                     stopper = asyncio.create_task(stop.wait())
                     await asyncio.wait({acquire, reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -175,8 +208,14 @@ class GatewaySender:
             self.stats["accepted"] += ack.accepted
             self.stats["rejected"] += ack.rejected
             self.stats["dropped_parts"] += ack.dropped_parts
+            _ACKED.inc(ack.accepted)
+            _REJECTED.inc(ack.rejected)
+            metrics.COLLECTOR_LAST_SEND_TIMESTAMP.set(time.time())
+            metrics.COLLECTOR_BUFFERED_SNAPSHOTS.set(self.buffered)
             if ack.rejected:
                 log.warning("gateway rejected %d snapshots: %s", ack.rejected,
-                            "; ".join(f"{r.reason}: {r.detail}" for r in ack.rejections[:3]))
+                            "; ".join(f"{r.reason}: {r.detail}" for r in ack.rejections[:3]),
+                            extra={"batch_id": ack.batch_id, "gateway": self.config.target,
+                                   "problems": dict(ack.problems_by_reason)})
             if self.buffered == 0:
                 self._drained.set()

@@ -25,6 +25,9 @@ import yaml
 from .gnmi_profiles import PROFILES
 
 log = logging.getLogger("fabricwatch.switch")
+# SwitchCollector.stats keys mirrored into fabricwatch_collector_field_errors_total{kind}.
+FIELD_ERROR_STATS = {"unmapped_leaves": "unmapped_leaf", "bad_values": "bad_value", "unknown_oid": "unknown_oid"}
+METRICS_SYNC_S = 1.0
 
 _TLS_KEYS = {"ca", "client_cert", "client_key", "server_name", "skip_verify", "plaintext"}
 _SWITCH_KEYS = {"name", "target", "profile", "tls", "credentials", "auth", "encoding", "sample_interval_ms",
@@ -308,6 +311,8 @@ async def collect(config: CollectorConfig, *, record_path: str | None = None, du
     from .gnmi_switch import run_switches
     from .sender import GatewaySender, SenderConfig
 
+    from fabricwatch import metrics
+
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     handled = []
@@ -327,20 +332,37 @@ async def collect(config: CollectorConfig, *, record_path: str | None = None, du
         sender_task = asyncio.create_task(sender.run(sender_stop))
     record = open(record_path, "w", encoding="utf-8") if record_path else None
     stats: Counter[str] = Counter()
+    samples = metrics.COLLECTOR_SAMPLES.labels("gnmi")
 
     def emit(snapshot) -> None:
         stats["snapshots"] += 1
+        samples.inc()
         if sender:
             sender.submit(snapshot)
         if record:
             record.write(snapshot_to_json(snapshot) + "\n")
 
     collectors: list = []
+
+    async def export_stats() -> None:
+        # The collectors count per switch in plain Counters; mirror their sums once a second.
+        field_errors = metrics.CounterMirror(metrics.COLLECTOR_FIELD_ERRORS, rename=FIELD_ERROR_STATS)
+        reconnects = metrics.CounterMirror(metrics.COLLECTOR_RECONNECTS, rename={"reconnects": "switch"})
+        while True:
+            total: Counter[str] = Counter()
+            for c in collectors:
+                total.update(c.stats)
+            field_errors.sync(total)
+            reconnects.sync(total)
+            await asyncio.sleep(METRICS_SYNC_S)
+
+    exporter = asyncio.create_task(export_stats())
     try:
         await run_switches(list(config.switches), emit, stop, cluster=config.cluster, collectors=collectors)
         if sender:
             stats["drained"] = int(await sender.drain(timeout_s=10))
     finally:
+        exporter.cancel()
         for sig in handled:
             loop.remove_signal_handler(sig)
         if timer:

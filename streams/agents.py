@@ -15,8 +15,8 @@ CLUSTER_TIMER_S = 0.5
 
 def register(app: faust.App, stages: StageHandlers) -> None:
     async def send_all(topic, records) -> None:
-        for key, value in records:
-            await topic.send(key=key, value=value)
+        for key, value, headers in records:
+            await topic.send(key=key, value=value, headers=list(headers))
 
     @app.agent(app.telemetry_topic, name="detect_on_telemetry")
     async def detect_on_telemetry(stream):

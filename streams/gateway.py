@@ -18,6 +18,7 @@ from typing import Protocol
 
 import grpc
 
+from fabricwatch import metrics
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.protos.v1 import telemetry_pb2_grpc as pb_grpc
 
@@ -85,6 +86,7 @@ class IngestService(pb_grpc.IngestServicer):
 
     async def _refuse(self, context) -> None:
         self.stats.unauthenticated_streams += 1
+        metrics.GATEWAY_UNAUTHENTICATED_STREAMS.inc()
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or unknown collector token")
 
     async def Stream(self, request_iterator: AsyncIterator[pb.IngestBatch], context) -> AsyncIterator[pb.IngestAck]:
@@ -102,6 +104,18 @@ class IngestService(pb_grpc.IngestServicer):
         return await self.ingest(request, collector)
 
     async def ingest(self, batch: pb.IngestBatch, collector: Collector | None) -> pb.IngestAck:
+        # Metrics move once per batch (a batch holds up to 64 snapshots), never per record.
+        metrics.GATEWAY_SNAPSHOTS_RECEIVED.inc(len(batch.snapshots))
+        metrics.GATEWAY_RECEIVED_BYTES.inc(batch.ByteSize())
+        with metrics.GATEWAY_BATCHES_IN_FLIGHT.track_inprogress():
+            ack = await self._ingest(batch, collector)
+        metrics.GATEWAY_SNAPSHOTS_ACCEPTED.inc(ack.accepted)
+        metrics.GATEWAY_SNAPSHOTS_REJECTED.inc(ack.rejected)
+        for reason, count in ack.problems_by_reason.items():
+            metrics.GATEWAY_REJECTED_RECORDS.labels(reason).inc(count)
+        return ack
+
+    async def _ingest(self, batch: pb.IngestBatch, collector: Collector | None) -> pb.IngestAck:
         ack = pb.IngestAck(batch_id=batch.batch_id)
         records: list[tuple[str, bytes, bytes]] = []
         now_ns = time.time_ns()
@@ -126,12 +140,20 @@ class IngestService(pb_grpc.IngestServicer):
             ack.dropped_parts += len(problems)
             records.extend(split_records(snap))
         if records:
-            await self.sink.write(records)  # raises -> the batch is not acked -> resent
+            started = time.perf_counter()
+            try:
+                await self.sink.write(records)  # raises -> the batch is not acked -> resent
+            except Exception:
+                metrics.GATEWAY_KAFKA_WRITE_ERRORS.inc()
+                raise
+            metrics.GATEWAY_KAFKA_WRITE_SECONDS.observe(time.perf_counter() - started)
         self.stats.accepted += ack.accepted
         self.stats.rejected += ack.rejected
         if ack.rejected or ack.dropped_parts:
             log.warning("batch %d: %d accepted, %d rejected, problems %s", batch.batch_id, ack.accepted,
-                        ack.rejected, dict(ack.problems_by_reason))
+                        ack.rejected, dict(ack.problems_by_reason),
+                        extra={"batch_id": batch.batch_id, "collector": collector.name if collector else "",
+                               "problems": dict(ack.problems_by_reason)})
         return ack
 
 

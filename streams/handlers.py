@@ -9,18 +9,28 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import NamedTuple
 
 from google.protobuf.message import DecodeError
 
 from fabricwatch.models.findings import Finding
+from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 
+from .cloudevents import CloudEventError, anomaly_headers
 from .codec import RecordError, pause_change_from_json, pause_change_to_json
 from .events import to_event
 from .pipeline import DetectionPipeline
 
 log = logging.getLogger("fabricwatch.worker")
-Record = tuple[bytes, bytes]   # (key, value)
+
+
+class Record(NamedTuple):
+    """One record for a topic: anomalies carry their CloudEvents headers (`streams.cloudevents`)."""
+
+    key: bytes
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 class StageHandlers:
@@ -46,10 +56,18 @@ class StageHandlers:
             log.warning("skipping a malformed record (%d bytes): %s", len(raw), exc)
             return None
 
-    @staticmethod
-    def events(findings: list[Finding]) -> list[Record]:
+    def events(self, findings: list[Finding]) -> list[Record]:
         now_ns = time.time_ns()
-        return [(e.dedup_key.encode(), e.SerializeToString()) for e in (to_event(f, now_ns) for f in findings)]
+        return [Record(e.dedup_key.encode(), e.SerializeToString(), self._headers(e))
+                for e in (to_event(f, now_ns) for f in findings)]
+
+    def _headers(self, event: ev.AnomalyEvent) -> tuple[tuple[str, bytes], ...]:
+        try:
+            return tuple(anomaly_headers(event))
+        except CloudEventError as exc:  # a finding without kind is a detector bug: still send the anomaly
+            self.stats["events_without_cloudevent_headers"] += 1
+            log.warning("sending anomaly %s without CloudEvents headers: %s", event.id, exc)
+            return ()
 
     def on_snapshot(self, raw: bytes) -> tuple[list[Record], list[Record]]:
         """Stage 1. (anomaly records, pause-state records keyed by cluster)."""
@@ -65,7 +83,7 @@ class StageHandlers:
 
         findings = self._guarded(f"a snapshot of {snap.source}", run)
         changes = out.pause_changes if out else []
-        return self.events(findings), [(snap.cluster.encode(), pause_change_to_json(c)) for c in changes]
+        return self.events(findings), [Record(snap.cluster.encode(), pause_change_to_json(c)) for c in changes]
 
     def on_pause_state(self, raw: bytes) -> list[Record]:
         """Stage 2: the storm locator."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -14,17 +15,23 @@ from .agents import register
 from .app import WorkerSettings, build_app
 from .handlers import StageHandlers
 from .pipeline import DetectionConfig, DetectionPipeline
+from .worker_metrics import REFRESH_INTERVAL_S, WorkerMetrics
 
 
 log = logging.getLogger("fabricwatch.worker")
+# The worker sees live data: findings on samples older than this are marked stale
+# (`DetectionConfig.max_sample_age_s`) unless the configuration sets its own bound.
+LIVE_MAX_SAMPLE_AGE_S = 120.0
 
 
 def run_worker(settings: WorkerSettings, detection: DetectionConfig, topology: Topology | None,
-               loglevel: str = "WARNING") -> None:
+               loglevel: str = "WARNING", log_format: str = "text") -> None:
     # Faust's own leader-election topic too: the broker does not auto-create topics.
     leader = topics.TopicSpec(f"{settings.app_id}-__assignor-__leader", partitions=1, retention_ms=topics.DAY_MS)
     asyncio.run(topics.ensure_topics(settings.bootstrap, [*topics.ALL_TOPICS, leader]))
     app = build_app(settings)
+    if detection.max_sample_age_s is None:
+        detection = dataclasses.replace(detection, max_sample_age_s=LIVE_MAX_SAMPLE_AGE_S)
     pipeline = DetectionPipeline(detection, topology)
     ckpt = Path(settings.state_dir) / f"{settings.app_id}.checkpoint" if settings.state_dir else None
     if ckpt is not None:
@@ -42,11 +49,21 @@ def run_worker(settings: WorkerSettings, detection: DetectionConfig, topology: T
         async def _final_checkpoint(sender, **kwargs) -> None:
             checkpoint.save(pipeline, ckpt)
 
-    register(app, StageHandlers(pipeline))
+    handlers = StageHandlers(pipeline)
+    register(app, handlers)
+    worker_metrics = WorkerMetrics(app, handlers, pipeline, ckpt)
+
+    @app.timer(REFRESH_INTERVAL_S)
+    async def _refresh_metrics() -> None:
+        await worker_metrics.refresh()
+
     if settings.ready_file:
         @app.on_rebalance_complete.connect
         async def _mark_ready(sender, **kwargs) -> None:
             Path(settings.ready_file).touch()
     logging.getLogger("fabricwatch").setLevel(loglevel)
-    worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+    # Faust replaces the root logger's handlers with its own text ones unless told not to.
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=log_format != "json")
+    if log_format == "json":
+        worker.spinner = None   # its terminal codes ("\x1b[?25h") would break the first JSON line
     worker.execute_from_commandline()

@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
-import ipaddress
 import json
 import os
 import re
@@ -49,6 +48,7 @@ from fabricwatch.actions.base import (
     ActionRequest,
     ExecutionResult,
 )
+from fabricwatch.netaddr import is_loopback
 
 PLACEHOLDERS = frozenset({"job", "node", "rank", "reason", "idempotency_key"})
 #: Placeholders that carry identifiers: they must match `_IDENTIFIER`.
@@ -97,14 +97,6 @@ def template_fields(argv: Sequence[str]) -> frozenset[str]:
         raise ValueError("argv[0] (the program) is empty")
     return frozenset(used)
 
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class CommandExecutor:
@@ -168,7 +160,7 @@ class CommandExecutor:
             parts = urlsplit(webhook_url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError(f"webhook_url must be an http(s) URL, got {webhook_url!r}")
-            if parts.scheme == "http" and not _is_loopback(parts.hostname):
+            if parts.scheme == "http" and not is_loopback(parts.hostname):
                 raise ValueError(f"webhook_url {webhook_url!r}: plain http only to a loopback host; use https")
             if not webhook_secret:
                 raise ValueError("webhook_secret is required: the receiver must be able to verify the caller")
