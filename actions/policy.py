@@ -16,10 +16,11 @@ Alerts are not actions on the cluster: they are sent in both modes.
 ('shadow', False)
 >>> policy.rules[0].actions
 ('alert', 'drain_node', 'requeue_jobs')
->>> parse_policy("rules: [{name: x, match: {kind: pfc}, actions: [alert]}]")
-Traceback (most recent call last):
-...
-fabricwatch.actions.policy.PolicyError: rules[0].match.kind: unknown anomaly kind 'pfc'; known: gpu_ecc_uncorrectable, gpu_xid, link_downgrade, link_flap, pcie_downgrade, pfc_storm, straggler, unknown_anomaly
+>>> try:
+...     parse_policy("rules: [{name: x, match: {kind: pfc}, actions: [alert]}]")
+... except PolicyError as err:
+...     print(err)
+rules[0].match.kind: unknown anomaly kind 'pfc'; known: gpu_ecc_uncorrectable, gpu_xid, link_downgrade, link_flap, pcie_downgrade, pfc_storm, straggler, unknown_anomaly
 """
 from __future__ import annotations
 

@@ -6,6 +6,10 @@
     fabricwatch replay                 the detectors over a recorded stream, offline
     fabricwatch eval                   labelled scenario suites -> docs/evaluation.md (vs baselines)
     fabricwatch tail                   follow the anomalies topic
+
+Long-running commands serve Prometheus metrics with ``--metrics-listen [HOST:PORT]``
+(fabricwatch/metrics.py; off by default, 127.0.0.1:97xx when given without a value);
+``--log-format json`` writes one JSON object per log line (fabricwatch/logging_setup.py).
 """
 from __future__ import annotations
 
@@ -18,6 +22,10 @@ from pathlib import Path
 
 DEFAULT_STATE_DIR = Path(os.environ.get("FABRICWATCH_STATE", ".fabricwatch"))
 LOOPBACK_PREFIXES = ("127.", "localhost", "[::1]")
+# `--metrics-listen` given without an address: one fixed port per kind of process, so that
+# deploy/prometheus/prometheus.example.yml can list them (here, not in fabricwatch.metrics,
+# whose prometheus_client import costs ~0.25 s that `--help` should not pay).
+METRICS_PORTS = {"gateway": 9701, "worker": 9702, "collect": 9703, "collect-switch": 9704, "simulate": 9705, "respond": 9706}
 
 
 def _load_topology(path: str | None):
@@ -65,7 +73,8 @@ def cmd_worker(args) -> int:
                               ready_file=os.environ.get("FABRICWATCH_WORKER_READY_FILE", ""),
                               state_dir=str(args.state_dir) if args.state_dir else "",
                               checkpoint_interval_s=args.checkpoint_interval)
-    run_worker(settings, _detection_config(args), _load_topology(args.topology), loglevel=args.log_level)
+    run_worker(settings, _detection_config(args), _load_topology(args.topology), loglevel=args.log_level,
+               log_format=args.log_format)
     return 0
 
 
@@ -126,10 +135,35 @@ def cmd_tail(args) -> int:
     return 0
 
 
+def cmd_feed(args) -> int:
+    from fabricwatch.streams.auth import TokenAuth
+    from fabricwatch.streams.feed import serve_feed
+
+    if bool(args.tls_cert) != bool(args.tls_key):
+        print("--tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
+    auth = TokenAuth.load(args.tokens) if args.tokens else None
+    tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
+    asyncio.run(serve_feed(args.broker, args.listen, tls=tls, client_ca=args.client_ca, auth=auth,
+                           queue_events=args.queue_events, max_replay_s=args.max_replay))
+    return 0
+
+
 def cmd_up(args) -> int:
     from fabricwatch.stack import LocalStack
 
     return LocalStack(args).run()
+
+
+def cmd_dashboard(args) -> int:
+    from fabricwatch.dashboard.server import DashboardSettings, parse_listen, serve
+
+    host, port = parse_listen(args.listen)
+    settings = DashboardSettings(bootstrap=args.broker, host=host, port=port, topology_path=args.topology or "",
+                                 cluster=args.cluster, history_points=args.history_points,
+                                 telemetry_lookback_s=args.lookback, stale_after_s=args.stale_after)
+    asyncio.run(serve(settings))
+    return 0
 
 
 def cmd_kafka(args) -> int:
@@ -145,11 +179,31 @@ def cmd_kafka(args) -> int:
     return 0
 
 
+def _serve_metrics(args) -> None:
+    if not getattr(args, "metrics_listen", ""):
+        return
+    from fabricwatch.metrics import COMMAND_COMPONENTS, start_metrics_server
+
+    endpoint = start_metrics_server(args.metrics_listen, allow_remote=args.metrics_allow_remote,
+                                    components=COMMAND_COMPONENTS[args.command])
+    logging.getLogger("fabricwatch.metrics").info("metrics on http://%s:%d/metrics", *endpoint,
+                                                  extra={"metrics_port": endpoint.port})
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fabricwatch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING (default), ERROR")
+    p.add_argument("--log-format", default="text", choices=["text", "json"],
+                   help="log lines as text (default) or one JSON object per line")
     sub = p.add_subparsers(dest="command", required=True)
+
+    def metrics_opts(sp, command):
+        default = f"127.0.0.1:{METRICS_PORTS[command]}"
+        sp.add_argument("--metrics-listen", nargs="?", const=default, default="", metavar="HOST:PORT",
+                        help=f"serve Prometheus /metrics here (given alone: {default}; default: off)")
+        sp.add_argument("--metrics-allow-remote", action="store_true",
+                        help="allow --metrics-listen on a non-loopback address (unauthenticated endpoint)")
 
     def detection_opts(sp):
         sp.add_argument("--topology", help="topology YAML (docs/topology.md); default: fleet consensus")
@@ -171,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=7)
     sp.add_argument("--expect", default="", help="comma-separated anomaly kinds; exit 1 unless all were flagged")
     detection_opts(sp)
+    sp.add_argument("--dashboard-listen", default="127.0.0.1:8080", help="where `up` serves the web dashboard (loopback)")
+    sp.add_argument("--policy", default=None, help="response policy for the responder (default: deploy/policy.example.yaml, shadow)")
+    sp.add_argument("--feed-listen", default="127.0.0.1:50071", help="where `up` serves the gRPC event feed (loopback)")
     sp.set_defaults(func=cmd_up)
 
     sp = sub.add_parser("gateway", help="gRPC ingest gateway -> Kafka")
@@ -181,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--client-ca", help="require client certificates signed by this CA (mTLS)")
     sp.add_argument("--tokens", help="collector tokens file (YAML, see streams/auth.py)")
     sp.add_argument("--cluster", default="", help="cluster name for snapshots that carry none")
+    metrics_opts(sp, "gateway")
     sp.set_defaults(func=cmd_gateway)
 
     sp = sub.add_parser("worker", help="Faust worker: telemetry -> detectors -> anomalies")
@@ -190,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="keep detection-state checkpoints here (survive restarts); default: none")
     sp.add_argument("--checkpoint-interval", type=float, default=30.0, help="seconds between checkpoints")
     detection_opts(sp)
+    metrics_opts(sp, "worker")
     sp.set_defaults(func=cmd_worker)
 
     sp = sub.add_parser("simulate", help="stream a simulated cluster to a gateway (or record it)")
@@ -204,13 +263,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--record", help="also write every snapshot to this JSON Lines file")
     sp.add_argument("--topology-out", help="write the simulated topology YAML here")
     sp.add_argument("--as-fast-as-possible", action="store_true", help="do not pace ticks to the wall clock")
+    metrics_opts(sp, "simulate")
     sp.set_defaults(func=cmd_simulate)
 
     from fabricwatch.collectors import node as node_collector
     from fabricwatch.collectors import switch as switch_collector
 
-    node_collector.add_parser(sub)
-    switch_collector.add_parser(sub)
+    metrics_opts(node_collector.add_parser(sub), "collect")
+    metrics_opts(switch_collector.add_parser(sub), "collect-switch")
+
+    from fabricwatch.streams import respond
+
+    metrics_opts(respond.add_parser(sub), "respond")
 
     sp = sub.add_parser("replay", help="run the detectors over a recorded JSON Lines stream")
     sp.add_argument("--input", required=True)
@@ -234,6 +298,30 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--from-beginning", action="store_true")
     sp.set_defaults(func=cmd_tail)
 
+    sp = sub.add_parser("feed", help="gRPC event feed for other services: anomalies, actions, audit (CloudEvents)")
+    sp.add_argument("--broker", default="127.0.0.1:9092")
+    sp.add_argument("--listen", default="127.0.0.1:50071", help="off loopback, --tls-cert/--tls-key and --tokens are required")
+    sp.add_argument("--tls-cert")
+    sp.add_argument("--tls-key")
+    sp.add_argument("--client-ca", help="require client certificates signed by this CA (mTLS)")
+    sp.add_argument("--tokens", help="subscriber tokens file (the gateway's format, see streams/auth.py)")
+    sp.add_argument("--queue-events", type=int, default=1000,
+                    help="events buffered per subscriber; a slower reader loses its oldest ones (counted)")
+    sp.add_argument("--max-replay", type=int, default=3600, help="longest replay_seconds a subscriber may ask for")
+    sp.set_defaults(func=cmd_feed)
+
+    sp = sub.add_parser("dashboard", help="the live fabric dashboard (web, loopback only)")
+    sp.add_argument("--broker", default="127.0.0.1:9092")
+    sp.add_argument("--listen", default="127.0.0.1:8080", help="host:port on loopback")
+    sp.add_argument("--topology", help="topology YAML (docs/topology.md); default: learnt from the telemetry")
+    sp.add_argument("--cluster", default="", help="show only this cluster (default: every record)")
+    sp.add_argument("--history-points", type=int, default=120,
+                    help="samples kept per NIC port, GPU and switch port (memory: docs in dashboard/state.py)")
+    sp.add_argument("--lookback", type=float, default=300.0, help="seconds of telemetry read back at start")
+    sp.add_argument("--stale-after", type=float, default=30.0,
+                    help="seconds without telemetry after which a node or switch shows as silent")
+    sp.set_defaults(func=cmd_dashboard)
+
     sp = sub.add_parser("kafka", help="the embedded local Kafka broker")
     sp.add_argument("action", choices=["start", "stop", "status"])
     sp.add_argument("--port", type=int, default=9092)
@@ -243,9 +331,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from fabricwatch.logging_setup import configure_logging
+
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level, args.log_format)
     try:
+        _serve_metrics(args)
         sys.exit(args.func(args))
     except KeyboardInterrupt:
         sys.exit(130)

@@ -129,7 +129,15 @@ class LocalStack:
             time.sleep(0.2)
         self._say("worker: joined its consumer group")
         self._start_dashboard(bootstrap, topology)
-        self._spawn("respond", "respond", "--broker", bootstrap, *(["--policy", a.policy] if a.policy else []))
+        self._spawn("respond", "--log-level", "INFO", "respond", "--broker", bootstrap, *(["--policy", a.policy] if a.policy else []))
+        feed_token = new_token()
+        feed_tokens = self.state / "feed-tokens.yaml"
+        TokenAuth.write(feed_tokens, "local-subscriber", feed_token, ["*"])
+        (self.state / "feed-token").write_text(feed_token)
+        (self.state / "feed-token").chmod(0o600)
+        self._spawn("feed", "--log-level", "INFO", "feed", "--broker", bootstrap, "--listen", a.feed_listen,
+                    "--tls-cert", str(cert), "--tls-key", str(key), "--tokens", str(feed_tokens))
+        self._say(f"event feed (gRPC Subscribe): {a.feed_listen} (TLS, token in {self.state / 'feed-token'})")
         self._say(f"responder: policy {a.policy or 'deploy/policy.example.yaml'} (shadow mode unless it says "
                   f"otherwise); decisions on fabricwatch.audit.v1 and the dashboard's feed")
         return asyncio.run(self._show(bootstrap, token, cert))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -55,3 +56,53 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield bootstrap
     finally:
         kafka.stop()
+
+
+# ---------------------------------------------------------------------- local Slurm and Alertmanager
+# Real services for the action layer (deploy/slurm/slurm-local.sh, deploy/alertmanager/
+# alertmanager-local.sh), once per session. CI installs them (.ci/run); elsewhere the tests
+# that need them skip with the install command.
+_DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+
+
+@pytest.fixture(scope="session")
+def slurm_conf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """SLURM_CONF of a real slurmctld + slurmd (one node: this host)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("slurmctld") is None or shutil.which("slurmd") is None:
+        pytest.skip("slurmctld/slurmd not installed (apt-get install slurm-wlm munge)")
+    if os.geteuid() != 0:
+        pytest.skip("a local Slurm needs root (slurmd starts jobs as their users)")
+    state_dir = tmp_path_factory.mktemp("slurm-state")
+    script = _DEPLOY / "slurm" / "slurm-local.sh"
+    started = subprocess.run([str(script), "start", str(state_dir)], capture_output=True, text=True, timeout=180)
+    if started.returncode != 0:
+        pytest.fail(f"slurm-local.sh start failed:\n{started.stderr}")
+    conf = next(ln.split("=", 1)[1] for ln in started.stdout.splitlines() if ln.startswith("SLURM_CONF="))
+    try:
+        yield conf
+    finally:
+        subprocess.run([str(script), "stop", str(state_dir)], capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def alertmanager_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Base URL of a real Alertmanager (Debian's prometheus-alertmanager) on loopback."""
+    import shutil
+    import subprocess
+
+    if not (shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")):
+        pytest.skip("prometheus-alertmanager is not installed (apt-get install prometheus-alertmanager)")
+    state_dir = tmp_path_factory.mktemp("alertmanager")
+    script = _DEPLOY / "alertmanager" / "alertmanager-local.sh"
+    port = str(_free_port_pair(first=19300))
+    started = subprocess.run([str(script), "start", str(state_dir), port], capture_output=True, text=True,
+                             timeout=90)
+    if started.returncode != 0:
+        pytest.fail(f"alertmanager-local.sh start failed:\n{started.stderr}")
+    try:
+        yield started.stdout.strip()
+    finally:
+        subprocess.run([str(script), "stop", str(state_dir), port], capture_output=True, timeout=30)

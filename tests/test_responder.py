@@ -269,3 +269,15 @@ def test_the_shipped_example_policy_is_valid_and_shadow():
 
     policy = load_policy(Path(__file__).parent.parent / "deploy" / "policy.example.yaml")
     assert policy.mode == "shadow" and policy.rules
+
+
+def test_a_flood_of_forged_storms_across_the_fabric_acts_on_at_most_the_blast_radius():
+    """Whatever arrives (a buggy detector, a compromised collector), execution stays bounded."""
+    policy = parse_policy(EXECUTE_DRAIN.replace("min_count: 2", "min_count: 2, fleet_size: 1000"))
+    r = Responder(policy)
+    started = []
+    for i in range(2000):   # every node of a 2000-node fabric "storms" within 100 s
+        for d in r.on_anomaly(storm(node=f"node-{i:04d}", onset=T0 + i * 10**6), T0 + i * 50 * 10**6):
+            if d.request is not None:
+                started.append(d.request.target.node)
+    assert len(set(started)) == policy.guards.breaker.limit == 10

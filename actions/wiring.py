@@ -1,0 +1,159 @@
+"""Build the executors and alert sinks a policy's `executors:` and `alerts:` sections name.
+
+Validated before anything starts, like the rest of the policy: an unknown backend or
+option, a secret variable that is not set, or an action enabled under `execute` with no
+executor able to run it is a `PolicyError` naming the path. Secrets never sit in the
+policy file: it names environment variables (`routing_key_env: PAGERDUTY_KEY`).
+
+>>> from fabricwatch.actions.policy import parse_policy
+>>> build(parse_policy("executors: {scheduler: slurm}")).executor_names()["drain_node"]
+'slurm'
+>>> try:
+...     build(parse_policy("mode: execute\\nexecute: [drain_node]"))
+... except PolicyError as err:
+...     print(err)
+execute: drain_node is enabled but no executor handles it (set executors.scheduler)
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .alerts.base import AlertSink
+from .base import ACTION_KINDS, ALERT, UNDO_OF, Executor
+from .policy import EXECUTE, Policy, PolicyError, _Section
+
+
+@dataclass
+class Backends:
+    executors: dict[str, Executor] = field(default_factory=dict)   # action kind -> executor
+    sinks: list[AlertSink] = field(default_factory=list)
+
+    def executor_names(self) -> dict[str, str]:
+        return {action: executor.name for action, executor in self.executors.items()}
+
+
+def build(policy: Policy) -> Backends:
+    backends = Backends(executors=_executors(policy.executors), sinks=_sinks(policy.alerts))
+    if policy.mode == EXECUTE:
+        for action in sorted(policy.execute):
+            if action not in backends.executors:
+                raise PolicyError(f"execute: {action} is enabled but no executor handles it "
+                                  f"(set executors.scheduler)")
+            undo = next((u for u, of in UNDO_OF.items() if of == action), None)
+            if undo and undo not in backends.executors:
+                raise PolicyError(f"execute: {action} is enabled but nothing can undo it ({undo})")
+    return backends
+
+
+def _secret(sec: _Section, key: str) -> str:
+    name = sec.text(key, None)
+    value = os.environ.get(name, "")
+    if not value:
+        raise PolicyError(f"{sec._at(key)}: environment variable {name} is not set")
+    return value
+
+
+def _built(path: str, factory, *args, **kwargs) -> Any:
+    try:
+        return factory(*args, **kwargs)
+    except (ValueError, OSError) as exc:
+        raise PolicyError(f"{path}: {exc}") from None
+
+
+def _executors(doc: Mapping[str, Any]) -> dict[str, Executor]:
+    sec = _Section(doc, "executors")
+    scheduler = sec.choice("scheduler", "none", ("none", "slurm", "kubernetes"))
+    by_action: dict[str, Executor] = {}
+    slurm = _Section(sec.mapping("slurm"), "executors.slurm")
+    if scheduler == "slurm":
+        from .executors.slurm import SlurmExecutor
+
+        executor = _built("executors.slurm", SlurmExecutor, scontrol=slurm.text("scontrol", "scontrol"),
+                          squeue=slurm.text("squeue", "squeue"), slurm_conf=slurm.text("slurm_conf", ""),
+                          command_timeout_s=slurm.number("command_timeout_s", 10.0, low=0.1, high=600.0))
+        by_action.update({a: executor for a in executor.handles})
+        slurm.finish()
+    k8s = _Section(sec.mapping("kubernetes"), "executors.kubernetes")
+    if scheduler == "kubernetes":
+        from .executors.kubernetes import KubernetesExecutor
+
+        executor = _built("executors.kubernetes", KubernetesExecutor, kubeconfig=k8s.text("kubeconfig", ""),
+                          context=k8s.text("context", ""), in_cluster=k8s.boolean("in_cluster", False),
+                          request_timeout_s=k8s.number("request_timeout_s", 30.0, low=1.0, high=600.0))
+        by_action.update({a: executor for a in executor.handles})
+        k8s.finish()
+    restart = sec.mapping("restart")
+    if restart:
+        from .executors.command import CommandExecutor
+
+        r = _Section(restart, "executors.restart")
+        argv = r.sequence("argv", 64) or None
+        if argv is not None and not all(isinstance(a, str) for a in argv):
+            raise PolicyError("executors.restart.argv: expected a list of strings")
+        webhook_url = r.text("webhook_url", "")
+        secret = _secret(r, "webhook_secret_env") if webhook_url else ""
+        executor = _built("executors.restart", CommandExecutor, argv, webhook_url=webhook_url,
+                          webhook_secret=secret, timeout_s=r.number("timeout_s", 60.0, low=0.1, high=3600.0))
+        r.finish()
+        by_action.update({a: executor for a in executor.handles})
+    switches = sec.text("switch_collector_config", "")
+    if switches:
+        from .executors.switch_port import SwitchPortExecutor
+
+        executor = _built("executors.switch_collector_config", SwitchPortExecutor.from_config, switches)
+        by_action.update({a: executor for a in executor.handles})
+    sec.finish()
+    unknown = set(by_action) - ACTION_KINDS
+    assert not unknown, f"executors declare unknown actions {unknown}"
+    by_action.pop(ALERT, None)
+    return by_action
+
+
+def _sinks(doc: Mapping[str, Any]) -> list[AlertSink]:
+    from .alerts.alertmanager import AlertmanagerSink
+    from .alerts.feishu import FeishuSink
+    from .alerts.pagerduty import PagerDutySink
+    from .alerts.slack import SlackSink
+    from .alerts.wecom import WeComSink
+
+    sec = _Section(doc, "alerts")
+    sinks: list[AlertSink] = []
+    am = sec.mapping("alertmanager")
+    if am:
+        s = _Section(am, "alerts.alertmanager")
+        urls = s.sequence("urls", 16)
+        if not urls or not all(isinstance(u, str) for u in urls):
+            raise PolicyError("alerts.alertmanager.urls: expected a list of URLs")
+        sinks.append(_built("alerts.alertmanager", AlertmanagerSink, urls,
+                            resend_interval_s=s.number("resend_interval_s", 60.0, low=1.0, high=3600.0)))
+        s.finish()
+    pd = sec.mapping("pagerduty")
+    if pd:
+        s = _Section(pd, "alerts.pagerduty")
+        url = s.text("url", "https://events.pagerduty.com/v2/enqueue")
+        sinks.append(_built("alerts.pagerduty", PagerDutySink, _secret(s, "routing_key_env"), url=url))
+        s.finish()
+    slack = sec.mapping("slack")
+    if slack:
+        s = _Section(slack, "alerts.slack")
+        sinks.append(_built("alerts.slack", SlackSink, _secret(s, "webhook_url_env")))
+        s.finish()
+    feishu = sec.mapping("feishu")
+    if feishu:
+        s = _Section(feishu, "alerts.feishu")
+        secret = _secret(s, "secret_env") if "secret_env" in feishu else ""
+        sinks.append(_built("alerts.feishu", FeishuSink, _secret(s, "webhook_url_env"), secret=secret,
+                            msg_type=s.text("msg_type", "post")))
+        s.finish()
+    wecom = sec.mapping("wecom")
+    if wecom:
+        s = _Section(wecom, "alerts.wecom")
+        sinks.append(_built("alerts.wecom", WeComSink, _secret(s, "webhook_url_env"),
+                            msg_type=s.text("msg_type", "markdown"),
+                            mentioned=s.names("mentioned", None, what="user id")))
+        s.finish()
+    sec.finish()
+    return sinks
