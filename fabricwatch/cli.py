@@ -25,7 +25,7 @@ LOOPBACK_PREFIXES = ("127.", "localhost", "[::1]")
 # `--metrics-listen` given without an address: one fixed port per kind of process, so that
 # deploy/prometheus/prometheus.example.yml can list them (here, not in fabricwatch.metrics,
 # whose prometheus_client import costs ~0.25 s that `--help` should not pay).
-METRICS_PORTS = {"gateway": 9701, "worker": 9702, "collect": 9703, "collect-switch": 9704, "simulate": 9705, "respond": 9706}
+METRICS_PORTS = {"gateway": 9701, "worker": 9702, "collect": 9703, "collect-switch": 9704, "simulate": 9705, "respond": 9706, "dashboard": 9707, "feed": 9708}
 
 
 def _load_topology(path: str | None):
@@ -308,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--queue-events", type=int, default=1000,
                     help="events buffered per subscriber; a slower reader loses its oldest ones (counted)")
     sp.add_argument("--max-replay", type=int, default=3600, help="longest replay_seconds a subscriber may ask for")
+    metrics_opts(sp, "feed")
     sp.set_defaults(func=cmd_feed)
 
     sp = sub.add_parser("dashboard", help="the live fabric dashboard (web, loopback only)")
@@ -320,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--lookback", type=float, default=300.0, help="seconds of telemetry read back at start")
     sp.add_argument("--stale-after", type=float, default=30.0,
                     help="seconds without telemetry after which a node or switch shows as silent")
+    metrics_opts(sp, "dashboard")
     sp.set_defaults(func=cmd_dashboard)
 
     sp = sub.add_parser("kafka", help="the embedded local Kafka broker")

@@ -27,6 +27,8 @@ collect             9703
 collect-switch      9704
 simulate            9705
 respond             9706
+dashboard           9707
+feed                9708
 ==================  =====
 """
 from __future__ import annotations
@@ -44,7 +46,9 @@ disable_created_metrics()
 
 # What each command exposes; the action layer runs in the worker.
 COMMAND_COMPONENTS = {"gateway": ("gateway",), "worker": ("worker", "actions"), "collect": ("collector",),
-                      "collect-switch": ("collector",), "simulate": ("collector",), "respond": ("actions",)}
+                      "collect-switch": ("collector",), "simulate": ("collector",), "respond": ("actions",),
+                      # process metrics only (CPU, memory, file descriptors) for these two
+                      "dashboard": (), "feed": ()}
 COMPONENTS: dict[str, list] = {"gateway": [], "worker": [], "collector": [], "actions": []}
 
 
