@@ -51,6 +51,8 @@ NODE_KEY_MEANINGS = {
     "gateway.target": "the gateway, `host:port`",
     "gateway.token_file": "file holding the bearer token; required for a non-loopback target",
     "gateway.ca_cert": "PEM of the CA of the gateway's certificate; required for a non-loopback target",
+    "gateway.client_cert": "mTLS: this collector's certificate (PEM), for a gateway run with `--client-ca`",
+    "gateway.client_key": "mTLS: the private key of `gateway.client_cert` (PEM)",
     "gateway.server_name_override": "TLS name override (test certificates only)",
     "gateway.max_buffered": "snapshots kept while the gateway is unreachable, oldest dropped (and counted) "
                             "beyond (100..5,000,000); ~13.7 KB of memory each",

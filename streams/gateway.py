@@ -37,13 +37,25 @@ class RecordSink(Protocol):
 
 
 class KafkaSink:
-    """Writes records with aiokafka and waits for every delivery."""
+    """Writes records with aiokafka and waits for every delivery.
+
+    The producer is idempotent. After a broker restart, aiokafka was seen answering every
+    send with `OutOfOrderSequenceNumber` for good (it never resets its sequence numbers);
+    such a producer is replaced by a new one (a new producer id): the failed batch is not
+    acked, the collector resends it, and the gateway does not stay wedged.
+    """
 
     def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.producer = self._new_producer()
+        self.producer_restarts = 0
+        self._restart_lock = asyncio.Lock()
+
+    def _new_producer(self):
         from aiokafka import AIOKafkaProducer
 
-        self.producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap,
+        return AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap,
             acks="all",
             linger_ms=5,
             max_request_size=MAX_MESSAGE_BYTES,
@@ -57,8 +69,29 @@ class KafkaSink:
         await self.producer.stop()
 
     async def write(self, records: list[tuple[str, bytes, bytes]]) -> None:
-        futures = [await self.producer.send(topic, value=value, key=key) for topic, key, value in records]
-        await asyncio.gather(*futures)
+        from aiokafka.errors import InvalidProducerEpoch, OutOfOrderSequenceNumber, UnknownProducerId
+
+        producer = self.producer
+        try:
+            futures = [await producer.send(topic, value=value, key=key) for topic, key, value in records]
+            await asyncio.gather(*futures)
+        except (OutOfOrderSequenceNumber, UnknownProducerId, InvalidProducerEpoch) as exc:
+            await self._replace_producer(producer, exc)
+            raise
+
+    async def _replace_producer(self, broken, exc: Exception) -> None:
+        async with self._restart_lock:
+            if self.producer is not broken:      # another stream's failure replaced it already
+                return
+            log.warning("Kafka producer lost its idempotence state (%s): starting a new producer", exc)
+            fresh = self._new_producer()
+            await fresh.start()
+            self.producer = fresh
+            self.producer_restarts += 1
+        try:
+            await asyncio.wait_for(broken.stop(), timeout=10)
+        except Exception as stop_exc:            # the old one is unusable anyway
+            log.warning("stopping the replaced Kafka producer failed: %s", stop_exc)
 
 
 @dataclass
@@ -126,8 +159,13 @@ class IngestService(pb_grpc.IngestServicer):
             else:
                 if not snap.cluster and self.cluster:
                     snap.cluster = self.cluster
-                verdict = validate_snapshot(snap, now_ns)
-                verdict_ok, problems = verdict.accepted, verdict.problems
+                try:
+                    verdict = validate_snapshot(snap, now_ns)
+                    verdict_ok, problems = verdict.accepted, verdict.problems
+                except Exception as exc:  # a validator bug must not make this batch a poison pill
+                    log.exception("validation of a snapshot from %r failed", snap.source[:64])
+                    detail = f"{snap.source[:64]!r}: the gateway could not validate it ({type(exc).__name__})"
+                    verdict_ok, problems = False, [("validation_error", detail)]
             for reason, detail in problems:
                 ack.problems_by_reason[reason] += 1
                 self.stats.problems[reason] += 1

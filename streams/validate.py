@@ -126,7 +126,7 @@ def _validate_blocks(snap: pb.Snapshot, v: Verdict) -> None:
             dup = [i for i, eid in enumerate(block.entity_ids) if (block.entity_kind, eid) in seen_ids]
             for i in dup:
                 v.problem("bad_entity_id", f"{snap.source}: entity id {block.entity_ids[i][:64]!r} repeated")
-            _drop_rows(block, [i for i in range(n) if i not in dup])
+            _drop_rows(block, [i for i in range(n) if i not in dup], snap, v)
         seen_ids.update((block.entity_kind, eid) for eid in block.entity_ids)
         if k and len(block.entity_ids):
             _clean_gauges(snap, block, v)
@@ -164,7 +164,7 @@ def _check_layout(snap: pb.Snapshot, block: pb.CounterBlock, layout: tuple, v: V
         seen.add(eid)
     if bad_rows:
         if len(block.counters) == len(ids) * len(counter_names) and len(block.gauges) == len(ids) * len(gauge_names):
-            _drop_rows(block, [i for i in range(len(ids)) if i not in bad_rows])
+            _drop_rows(block, [i for i in range(len(ids)) if i not in bad_rows], snap, v)
         return True
     if len(_GOOD_LAYOUTS) >= MAX_CACHED_LAYOUTS:
         _GOOD_LAYOUTS.clear()
@@ -183,13 +183,20 @@ def _validate_label_columns(snap: pb.Snapshot, block: pb.CounterBlock, n: int, v
         del block.labels[j]
 
 
-def _drop_rows(block: pb.CounterBlock, keep: list[int]) -> None:
-    """Keep only entities `keep` of a columnar block (a rare path: bad entity ids)."""
+def _drop_rows(block: pb.CounterBlock, keep: list[int], snap: pb.Snapshot, v: Verdict) -> None:
+    """Keep only entities `keep` of a columnar block (a rare path: bad entity ids).
+
+    A label column of the wrong length cannot be cut down row by row: it goes, counted.
+    """
     n, m, k = len(block.entity_ids), len(block.counter_names), len(block.gauge_names)
+    for col in block.labels:
+        if len(col.values) != n:
+            v.problem("bad_label_column", f"{snap.source}: label column {col.name[:64]!r} with "
+                                          f"{len(col.values)} values for {n} entities dropped")
     counters = np.array(block.counters, dtype=np.uint64).reshape(n, m)[keep]
     gauges = np.array(block.gauges, dtype=np.float64).reshape(n, k)[keep]
     ids = [block.entity_ids[i] for i in keep]
-    labels = [(col.name, [col.values[i] for i in keep]) for col in block.labels]
+    labels = [(col.name, [col.values[i] for i in keep]) for col in block.labels if len(col.values) == n]
     for field_name in ("entity_ids", "counters", "gauges", "labels"):
         block.ClearField(field_name)
     block.entity_ids.extend(ids)

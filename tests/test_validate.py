@@ -125,3 +125,16 @@ def test_label_column_of_wrong_length_is_dropped():
     v = validate_snapshot(snap, NOW)
     assert v.accepted and reasons(v) == ["bad_label_column"]
     assert [c.name for c in snap.blocks[0].labels] == ["state", "phys_state", "link_layer", "netdev"]
+
+
+def test_bad_entity_id_with_a_short_label_column_is_cleaned_not_crashed():
+    """Found by atheris: dropping a bad row indexed past a too-short label column (IndexError)."""
+    snap = nic_snapshot(n_ports=4)
+    block = snap.blocks[0]
+    block.entity_ids[2] = "bad id!"
+    del block.labels[0].values[3]          # the "rate" column is one value short
+    verdict = validate_snapshot(snap, time.time_ns())
+    assert verdict.accepted and set(verdict.reasons()) >= {"bad_entity_id", "bad_label_column"}
+    assert list(block.entity_ids) == ["mlx5_0/1", "mlx5_1/1", "mlx5_3/1"]
+    assert "rate" not in [c.name for c in block.labels]
+    assert all(len(c.values) == 3 for c in block.labels)

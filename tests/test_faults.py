@@ -1,0 +1,761 @@
+"""Fault injection on the real local stack: broker, gateway and worker processes, killed and starved.
+
+Each scenario runs against a broker of its own module (scenario 2 stops and restarts it),
+the real gateway (in-process where the test only needs to talk to it, a process where it
+is stopped or measured) and `fabricwatch worker` processes, and asserts what on-call and
+the telemetry topic see. Numbers are written up in docs/reliability.md.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+from aiokafka import AIOKafkaConsumer
+from helpers import RecordingSink, free_port, nic_snapshot
+
+from fabricwatch.collectors.faults import PfcStorm, Straggler
+from fabricwatch.collectors.sender import GatewaySender, SenderConfig
+from fabricwatch.collectors.simulator import ClusterSimulator, Job
+from fabricwatch.localkafka import LocalKafka
+from fabricwatch.models.topology import rail_optimised
+from fabricwatch.protos.v1 import events_pb2 as ev
+from fabricwatch.protos.v1 import telemetry_pb2 as pb
+from fabricwatch.streams import topics
+from fabricwatch.streams.events import to_event
+from fabricwatch.streams.gateway import serve
+from fabricwatch.streams.pipeline import DetectionPipeline
+
+pytestmark = pytest.mark.kafka
+S = 10**9
+WORKER_READY_TIMEOUT_S = 120
+# Short Kafka group timeouts so that a second worker takes over a killed one's partitions in
+# seconds (Faust's default session timeout is 60 s); read by Faust from the environment.
+FAST_GROUP_ENV = {"BROKER_SESSION_TIMEOUT": "6", "BROKER_HEARTBEAT_INTERVAL": "1"}
+
+
+# ---------------------------------------------------------------------- processes
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory) -> LocalKafka:
+    """A broker for this module alone: one scenario stops and restarts it."""
+    kafka = LocalKafka(port=free_port(), controller_port=free_port(),
+                       state_dir=tmp_path_factory.mktemp("fault-kafka"))
+    kafka.start()
+    try:
+        yield kafka
+    finally:
+        kafka.stop()
+
+
+class Worker:
+    """One `fabricwatch worker` process; `kill()` is kill -9, `start()` starts it again."""
+
+    def __init__(self, bootstrap: str, logs: Path, app_id: str, name: str, *extra: str, env=None) -> None:
+        self.bootstrap, self.logs, self.app_id, self.name = bootstrap, logs, app_id, name
+        self.extra, self.env = extra, env or {}
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.logs / f"{self.name}.log"
+
+    def start(self) -> Worker:
+        ready = self.logs / f"{self.name}.ready"
+        ready.unlink(missing_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "fabricwatch.cli", "--log-level", "INFO", "worker", "--broker", self.bootstrap,
+                 "--app-id", self.app_id, *self.extra], stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env, "FABRICWATCH_WORKER_READY_FILE": str(ready)})
+        deadline = time.monotonic() + WORKER_READY_TIMEOUT_S
+        while not ready.exists():
+            assert self.proc.poll() is None, self.log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"{self.name} did not join its group in {WORKER_READY_TIMEOUT_S} s"
+            time.sleep(0.2)
+        return self
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class AnomalyReader:
+    """Follows the anomalies topic from the beginning, keeping the events of one cluster."""
+
+    def __init__(self, bootstrap: str, cluster: str) -> None:
+        self.bootstrap, self.cluster = bootstrap, cluster
+        self.events: list[ev.AnomalyEvent] = []
+        self._task: asyncio.Task | None = None
+
+    async def __aenter__(self) -> AnomalyReader:
+        # no group (no heartbeats to miss on a loaded machine): all partitions, from the beginning
+        consumer = AIOKafkaConsumer(topics.ANOMALIES, bootstrap_servers=self.bootstrap, group_id=None,
+                                    auto_offset_reset="earliest", enable_auto_commit=False)
+        await consumer.start()
+        self._task = asyncio.create_task(self._follow(consumer))
+        return self
+
+    async def _follow(self, consumer) -> None:
+        try:
+            while True:
+                for records in (await consumer.getmany(timeout_ms=200)).values():
+                    for r in records:
+                        event = ev.AnomalyEvent.FromString(r.value)
+                        if event.entity.cluster == self.cluster:
+                            self.events.append(event)
+        finally:
+            await consumer.stop()
+
+    async def __aexit__(self, *exc) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    async def wait_for(self, what: str, predicate, timeout_s: float = 90) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not predicate(self.events):
+            assert time.monotonic() < deadline, f"no {what} within {timeout_s} s; saw {summary(self.events)}"
+            await asyncio.sleep(0.2)
+
+    def has(self, dedup_key: str, lifecycle: int):
+        return lambda events: any(e.dedup_key == dedup_key and e.lifecycle == lifecycle for e in events)
+
+
+def summary(events) -> list[tuple[str, str, str]]:
+    return [(e.dedup_key, ev.Lifecycle.Name(e.lifecycle), e.id) for e in events]
+
+
+@contextlib.asynccontextmanager
+async def in_process_gateway(bootstrap: str, **sender_options):
+    """The real gateway in this process on a free port, and a sender streaming to it."""
+    stop, ready = asyncio.Event(), asyncio.Event()
+    listen = f"127.0.0.1:{free_port()}"
+    gateway = asyncio.create_task(serve(bootstrap, listen, ready=ready, stop=stop))
+    await asyncio.wait_for(ready.wait(), 60)
+    sender = GatewaySender(SenderConfig(target=listen, **sender_options))
+    sender_task = asyncio.create_task(sender.run(stop))
+    try:
+        yield sender
+    finally:
+        stop.set()
+        await sender_task
+        await gateway
+
+
+async def send(sender: GatewaySender, snapshots, timeout_s: float = 60) -> None:
+    for snap in snapshots:
+        sender.submit(snap)
+    assert await sender.drain(timeout_s), f"{sender.buffered} snapshots not acked in {timeout_s} s"
+
+
+# ---------------------------------------------------------------------- 1. kill -9 of a worker
+@dataclass
+class Episode:
+    """The storm-then-straggler run and what detection must say about it (the offline oracle)."""
+    cluster: str
+    topology_file: Path
+    ticks: list[list[pb.Snapshot]]
+    first_tick: dict[tuple[str, int], int] = field(default_factory=dict)   # (dedup key, lifecycle) -> tick
+    ids: dict[tuple[str, int], set[str]] = field(default_factory=lambda: defaultdict(set))
+
+    def key(self, kind: str) -> str:
+        return next(k for k, _ in self.first_tick if k.startswith(kind + ":"))
+
+
+def storm_then_straggler(tmp_path: Path, seconds: float = 22.0) -> Episode:
+    """8 nodes x 2 GPUs, 0.2 s sampling: a PFC storm from node-0005 (1-3 s), then a thermal
+    straggler on node-0006 gpu1 (5-11 s). Event time starts now."""
+    cluster = f"kill-{uuid.uuid4().hex[:6]}"
+    topo = rail_optimised(cluster, n_nodes=8, gpus_per_node=2, nodes_per_unit=4, n_spines=2)
+    jobs = [Job("job-b", ("node-0001", "node-0002"), step_compute_s=1.0),
+            Job("job-a", ("node-0004", "node-0005", "node-0006", "node-0007"), step_compute_s=1.2, step_comm_s=0.3)]
+    faults = [PfcStorm(sources=(("node-0005", "mlx5_1/1"),), onset_s=1.0, offset_s=3.0),
+              Straggler(node="node-0006", gpu=1, onset_s=5.0, offset_s=11.0, cause="thermal", factor=1.5)]
+    sim = ClusterSimulator(topo, seed=3, interval_s=0.2, jobs=jobs, faults=faults, start_unix_ns=time.time_ns())
+    topology_file = tmp_path / "topology.yaml"
+    topology_file.write_text(yaml.safe_dump(topo.to_dict(), sort_keys=False), encoding="utf-8")
+    episode = Episode(cluster, topology_file, sim.run(seconds))
+    oracle = DetectionPipeline(topology=topo)
+    for i, tick in enumerate(episode.ticks):
+        for snap in tick:
+            for finding in oracle.process(snap):
+                event = to_event(finding, 0)
+                slot = (event.dedup_key, event.lifecycle)
+                episode.first_tick.setdefault(slot, i)
+                episode.ids[slot].add(event.id)
+    return episode
+
+
+def assert_exactly_once(episode: Episode, events: list[ev.AnomalyEvent]) -> list[str]:
+    """Per injected fault: one distinct OPEN and one distinct RESOLVED, with the oracle's ids.
+
+    Returns the other keys opened (storm roots the oracle did not name; see docs/reliability.md).
+    """
+    seen: dict[tuple[str, int], set[str]] = defaultdict(set)
+    for e in events:
+        seen[(e.dedup_key, e.lifecycle)].add(e.id)
+    expected_keys = {k for k, _ in episode.first_tick}
+    for key in expected_keys:
+        for lifecycle in (ev.LIFECYCLE_OPEN, ev.LIFECYCLE_RESOLVED):
+            assert seen[(key, lifecycle)] == episode.ids[(key, lifecycle)], (key, lifecycle, summary(events))
+    return sorted({k for k, lc in seen if lc == ev.LIFECYCLE_OPEN} - expected_keys)
+
+
+async def run_kill_scenario(broker: LocalKafka, tmp_path: Path, *, takeover: bool) -> dict:
+    episode = storm_then_straggler(tmp_path)
+    storm, straggler = episode.key("pfc_storm"), episode.key("straggler")
+    storm_open = episode.first_tick[(storm, ev.LIFECYCLE_OPEN)]
+    straggler_open = episode.first_tick[(straggler, ev.LIFECYCLE_OPEN)]
+    app_id = f"fw-kill-{uuid.uuid4().hex[:6]}"
+
+    def worker(name: str) -> Worker:
+        return Worker(broker.bootstrap, tmp_path, app_id, name, "--topology", str(episode.topology_file),
+                      "--state-dir", str(tmp_path / f"state-{name}"), "--checkpoint-interval", "1",
+                      env=FAST_GROUP_ENV if takeover else {})
+
+    a = worker("a").start()
+    b = worker("b").start() if takeover else None
+    kills = 0
+    try:
+        async with AnomalyReader(broker.bootstrap, episode.cluster) as reader, \
+                in_process_gateway(broker.bootstrap) as sender:
+            # mid-storm: the storm has just been opened, its restoration is still to come
+            await send(sender, [s for tick in episode.ticks[:storm_open + 3] for s in tick])
+            await reader.wait_for("storm OPEN", reader.has(storm, ev.LIFECYCLE_OPEN))
+            a.kill()
+            kills += 1
+            await send(sender, [s for tick in episode.ticks[storm_open + 3:straggler_open + 2] for s in tick])
+            if not takeover:
+                a.start()            # restart on its own state dir; b (takeover) needs no restart
+            await reader.wait_for("storm RESOLVED", reader.has(storm, ev.LIFECYCLE_RESOLVED))
+            await reader.wait_for("straggler OPEN", reader.has(straggler, ev.LIFECYCLE_OPEN))
+            # mid-straggler: kill the worker doing the work now
+            if takeover:
+                a.start()            # back as a second member; then b dies and a takes everything
+                b.kill()
+            else:
+                a.kill()
+                a.start()
+            kills += 1
+            await send(sender, [s for tick in episode.ticks[straggler_open + 2:] for s in tick])
+            await reader.wait_for("straggler RESOLVED", reader.has(straggler, ev.LIFECYCLE_RESOLVED),
+                                  timeout_s=20 if takeover else 90)
+            await asyncio.sleep(3)   # late duplicates would arrive now
+            events = list(reader.events)
+    finally:
+        for w in (a, b):
+            if w is not None:
+                w.stop()
+    extra = assert_exactly_once(episode, events)
+    return {"kills": kills, "events": len(events), "distinct_ids": len({e.id for e in events}), "extra_opened": extra}
+
+
+async def test_worker_killed_mid_storm_and_mid_straggler_restarts_without_loss_or_second_open(broker, tmp_path):
+    numbers = await run_kill_scenario(broker, tmp_path, takeover=False)
+    print("kill -9 + restart:", numbers)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="known: detection state is per worker; the worker that takes over a dead one's "
+                   "partitions does not know the anomalies it had open, so the straggler it opened is never "
+                   "RESOLVED (docs/reliability.md)")
+async def test_second_worker_takes_over_a_killed_workers_partitions(broker, tmp_path):
+    numbers = await run_kill_scenario(broker, tmp_path, takeover=True)
+    print("kill -9 + takeover:", numbers)
+
+
+# ---------------------------------------------------------------------- telemetry topic and gateway process
+async def telemetry_seqs(bootstrap: str, sources: set[str]) -> dict[str, list[int]]:
+    """Every seq number on the telemetry topic for `sources`, in partition (= per source) order."""
+
+    # no group: every partition is assigned to this consumer, read from the beginning
+    consumer = AIOKafkaConsumer(topics.TELEMETRY, bootstrap_servers=bootstrap, group_id=None,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    seqs: dict[str, list[int]] = defaultdict(list)
+    try:
+        while not consumer.assignment():
+            await asyncio.sleep(0.05)
+        parts = list(consumer.assignment())
+        end = await consumer.end_offsets(parts)
+        while [tp for tp in parts if await consumer.position(tp) < end[tp]]:
+            for records in (await consumer.getmany(timeout_ms=500, max_records=5000)).values():
+                for r in records:
+                    source = r.key.decode()
+                    if source in sources:
+                        seqs[source].append(pb.Snapshot.FromString(r.value).seq)
+    finally:
+        await consumer.stop()
+    return seqs
+
+
+class GatewayProcess:
+    """`fabricwatch gateway` as its own process (killed, restarted and measured)."""
+
+    def __init__(self, bootstrap: str, logs: Path, *extra: str) -> None:
+        self.bootstrap, self.logs, self.extra = bootstrap, logs, extra
+        self.listen = f"127.0.0.1:{free_port()}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> GatewayProcess:
+        import socket
+
+        with open(self.logs / "gateway.log", "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "fabricwatch.cli", "gateway",
+                                          "--broker", self.bootstrap, "--listen", self.listen, *self.extra],
+                                         stdout=log, stderr=subprocess.STDOUT)
+        host, port = self.listen.split(":")
+        deadline = time.monotonic() + 60
+        while True:
+            assert self.proc.poll() is None, (self.logs / "gateway.log").read_text()[-3000:]
+            with contextlib.suppress(OSError), socket.create_connection((host, int(port)), timeout=0.5):
+                return self
+            assert time.monotonic() < deadline, "gateway not listening after 60 s"
+            time.sleep(0.1)
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmRSS")
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@contextlib.asynccontextmanager
+async def running(sender: GatewaySender):
+    stop = asyncio.Event()
+    task = asyncio.create_task(sender.run(stop))
+    try:
+        yield sender
+    finally:
+        stop.set()
+        await task
+
+
+def small_snapshot(source: str, seq: int) -> pb.Snapshot:
+    return nic_snapshot(source=source, seq=seq, n_ports=2, cluster="faults")
+
+
+def assert_in_order_and_complete(seqs: list[int], expected: range) -> int:
+    """Every seq there, first appearances in order; returns the number of duplicates (resends)."""
+    firsts = list(dict.fromkeys(seqs))
+    assert set(firsts) == set(expected), f"lost seqs: {sorted(set(expected) - set(firsts))[:20]}"
+    assert firsts == sorted(firsts), "a resend overtook newer data"
+    return len(seqs) - len(firsts)
+
+
+# ---------------------------------------------------------------------- 3. gateway killed and overloaded
+async def test_gateway_killed_and_restarted_loses_nothing_and_resends_in_order(broker, tmp_path):
+    gateway = GatewayProcess(broker.bootstrap, tmp_path).start()
+    source = f"node-gw-{uuid.uuid4().hex[:6]}"
+    sender = GatewaySender(SenderConfig(target=gateway.listen, max_batch=16, backoff_max_s=1.0))
+    n, rate_per_s = 800, 100
+    try:
+        async with running(sender):
+            for seq in range(n):
+                sender.submit(small_snapshot(source, seq))
+                if seq == 200:
+                    gateway.kill()                 # mid-stream, with batches in flight
+                if seq == 500:
+                    gateway.start()                # same port: the sender reconnects by itself
+                await asyncio.sleep(1 / rate_per_s)
+            assert await sender.drain(60)
+    finally:
+        gateway.stop()
+    duplicates = assert_in_order_and_complete((await telemetry_seqs(broker.bootstrap, {source}))[source], range(n))
+    assert sender.stats["stream_errors"] >= 1 and sender.stats["dropped_buffer_full"] == 0
+    print(f"gateway kill -9 for 3 s at {rate_per_s}/s: {n} sent, 0 lost, {duplicates} resent duplicates, "
+          f"{sender.stats['reconnects']} reconnects")
+
+
+def broker_pid(broker: LocalKafka) -> int:
+    return int((broker.data_dir / "kafka.pid").read_text().split()[0])
+
+
+async def test_overloaded_gateway_pushes_back_and_drops_only_beyond_the_buffer(broker, tmp_path):
+    """Kafka stalls (SIGSTOP) while 8 collectors keep sending: the gateway's memory stays flat,
+    the collectors' windows fill, each drops exactly what exceeds its buffer, oldest first."""
+    gateway = GatewayProcess(broker.bootstrap, tmp_path).start()
+    tag = uuid.uuid4().hex[:6]
+    per_sender, buffer_len, n_small = 2500, 1000, 8
+    configs = [(f"node-flood-{tag}-{i}", buffer_len) for i in range(n_small)] + [(f"node-big-{tag}", 3 * per_sender)]
+    senders = {source: GatewaySender(SenderConfig(target=gateway.listen, max_buffered=buf, max_in_flight=4))
+               for source, buf in configs}
+    snaps = {source: [small_snapshot(source, seq) for seq in range(per_sender)] for source in senders}
+    peak_buffered = Counter()
+    kafka_pid = broker_pid(broker)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            for s in senders.values():
+                await stack.enter_async_context(running(s))
+            await asyncio.sleep(0.5)
+            rss_before = gateway.rss_mb()
+            os.kill(kafka_pid, signal.SIGSTOP)           # Kafka writes hang: the gateway cannot ack
+            try:
+                for step in range(0, per_sender, 50):    # ~5 s of 500 snapshots/s per collector
+                    for source, sender in senders.items():
+                        for snap in snaps[source][step:step + 50]:
+                            sender.submit(snap)
+                        peak_buffered[source] = max(peak_buffered[source], sender.buffered)
+                    await asyncio.sleep(0.1)
+                rss_stalled = gateway.rss_mb()
+            finally:
+                os.kill(kafka_pid, signal.SIGCONT)
+            for sender in senders.values():
+                assert await sender.drain(90)
+            rss_after = gateway.rss_mb()
+    finally:
+        gateway.stop()
+    seqs = await telemetry_seqs(broker.bootstrap, set(senders))
+    dropped_total = 0
+    for source, buf in configs:
+        stats = senders[source].stats
+        kept = list(dict.fromkeys(seqs[source]))
+        assert peak_buffered[source] <= buf
+        assert stats["window_full_waits"] > 0, f"{source} never felt backpressure"
+        assert len(kept) + stats["dropped_buffer_full"] == per_sender    # lost = counted drops, nothing else
+        if buf >= per_sender:
+            assert stats["dropped_buffer_full"] == 0                      # within its buffer: nothing dropped
+        else:
+            assert stats["dropped_buffer_full"] >= per_sender - buf       # beyond it: the excess at least
+            assert kept[-(buf // 2):] == list(range(per_sender - buf // 2, per_sender))   # newest kept
+        assert kept == sorted(kept)
+        dropped_total += stats["dropped_buffer_full"]
+    assert rss_stalled - rss_before < 100 and rss_after - rss_before < 150, (rss_before, rss_stalled, rss_after)
+    print(f"overload: 9 collectors x {per_sender}, Kafka stalled ~5 s; gateway RSS {rss_before:.0f} -> "
+          f"{rss_stalled:.0f} (stalled) -> {rss_after:.0f} MB; dropped {dropped_total} (buffers of {buffer_len})")
+
+
+# ---------------------------------------------------------------------- 2. broker stopped and restarted
+# What a collector must buffer to ride out a 5-minute outage: snapshots per second x 300.
+OUTAGE_TO_COVER_S = 300
+
+
+async def test_broker_restart_under_load_loses_no_sample(broker, tmp_path):
+    """Kafka goes away for ~20-30 s under a steady load: the gateway and the worker reconnect
+    by themselves, the collector's buffer covers the gap, and no seq number is missing."""
+    rate_per_s = 40
+    source = f"node-outage-{uuid.uuid4().hex[:6]}"
+    app_id = f"fw-outage-{uuid.uuid4().hex[:6]}"
+    worker = Worker(broker.bootstrap, tmp_path, app_id, "outage-worker").start()
+    gateway = GatewayProcess(broker.bootstrap, tmp_path).start()
+    sender = GatewaySender(SenderConfig(target=gateway.listen, max_buffered=rate_per_s * OUTAGE_TO_COVER_S,
+                                        backoff_max_s=2.0))
+    seq = 0
+    peak_buffered = 0
+
+    async def stream_for(seconds: float) -> None:
+        nonlocal seq, peak_buffered
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            sender.submit(small_snapshot(source, seq))
+            seq += 1
+            peak_buffered = max(peak_buffered, sender.buffered)
+            await asyncio.sleep(1 / rate_per_s)
+
+    try:
+        async with running(sender):
+            await stream_for(3)
+            loop = asyncio.get_running_loop()
+            down_at = time.monotonic()
+            streaming = asyncio.create_task(stream_for(10_000))
+            await loop.run_in_executor(None, broker.stop)
+            await asyncio.sleep(20)
+            await loop.run_in_executor(None, broker.start)
+            outage_s = time.monotonic() - down_at
+            streaming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await streaming
+            await stream_for(3)
+            assert await sender.drain(120), f"{sender.buffered} snapshots still buffered 120 s after the restart"
+            # the worker is back too: an anomaly sent after the restart is detected
+            node = f"node-after-{uuid.uuid4().hex[:6]}"
+            t0 = time.time_ns()
+            async with AnomalyReader(broker.bootstrap, "faults") as reader:
+                for i in range(4):
+                    sender.submit(nic_snapshot(source=node, t_ns=t0 + i * S, seq=i, cluster="faults",
+                                               rates={1: "200 Gb/sec (4X HDR)"} if i >= 2 else {}))
+                assert await sender.drain(60)
+                await reader.wait_for("a downgrade after the restart",
+                                      lambda events: any(e.entity.node == node for e in events), timeout_s=120)
+    finally:
+        gateway.stop()
+        worker.stop()
+    lost = seq - len(set((await telemetry_seqs(broker.bootstrap, {source}))[source]))
+    duplicates = assert_in_order_and_complete((await telemetry_seqs(broker.bootstrap, {source}))[source], range(seq))
+    assert lost == 0 and sender.stats["dropped_buffer_full"] == 0
+    print(f"broker outage {outage_s:.0f} s at {rate_per_s}/s: {seq} sent, {lost} lost, {duplicates} duplicates, "
+          f"peak buffered {peak_buffered} of {sender.config.max_buffered}")
+
+
+# ---------------------------------------------------------------------- 7. forged telemetry
+async def test_forged_telemetry_is_refused_and_counted_through_the_tls_gateway(broker, tmp_path):
+    """TLS gateway with per-collector tokens: no token, a wrong token, a plaintext client and a
+    valid collector speaking for another node are refused and counted; its own data goes through."""
+    import grpc
+
+    from fabricwatch.localtls import ensure_self_signed
+    from fabricwatch.protos.v1 import telemetry_pb2_grpc as pb_grpc
+    from fabricwatch.streams.auth import Collector, TokenAuth, new_token, token_digest
+    from fabricwatch.streams.gateway import KafkaSink, server_credentials
+
+    cert, key = ensure_self_signed(tmp_path / "tls")
+    token = new_token()
+    tag = uuid.uuid4().hex[:6]
+    own, other = f"node-{tag}-a1", f"node-{tag}-b1"
+    sink = KafkaSink(broker.bootstrap)
+    await sink.start()
+    from fabricwatch.streams.gateway import IngestService
+
+    service = IngestService(sink, TokenAuth([Collector("rack-a", token_digest(token), (f"node-{tag}-a*",))]))
+    server = grpc.aio.server()
+    pb_grpc.add_IngestServicer_to_server(service, server)
+    listen = f"127.0.0.1:{free_port()}"
+    server.add_secure_port(listen, server_credentials(str(cert), str(key)))
+    await server.start()
+    tls = dict(target=listen, root_cert_path=str(cert), server_name_override="localhost", backoff_max_s=0.5)
+    try:
+        async def attempt(config: SenderConfig, snaps) -> GatewaySender:
+            sender = GatewaySender(config)
+            async with running(sender):
+                for snap in snaps:
+                    sender.submit(snap)
+                await sender.drain(2)
+            return sender
+
+        forged = [small_snapshot(other, i) for i in range(5)]
+        no_token = await attempt(SenderConfig(**tls), forged)
+        wrong_token = await attempt(SenderConfig(token=new_token(), **tls), forged)
+        plaintext = await attempt(SenderConfig(target=listen, token=token, backoff_max_s=0.5), forged)
+        mixed = [small_snapshot(own, 0), small_snapshot(other, 100), small_snapshot(own, 1)]
+        impostor = await attempt(SenderConfig(token=token, **tls), mixed)
+    finally:
+        await server.stop(grace=1)
+        await sink.stop()
+    for refused in (no_token, wrong_token, plaintext):
+        assert refused.stats["accepted"] == 0 and refused.stats["stream_errors"] >= 1 and refused.buffered == 5
+    assert service.stats.unauthenticated_streams >= 2          # no token and wrong token; plaintext never got in
+    assert impostor.stats["accepted"] == 2 and impostor.stats["rejected"] == 1
+    assert [r.reason for r in impostor.last_ack.rejections] == ["source_not_allowed"]
+    assert service.stats.problems["source_not_allowed"] == 1
+    on_kafka = await telemetry_seqs(broker.bootstrap, {own, other})
+    assert on_kafka[own] == [0, 1] and on_kafka[other] == []
+    print(f"forged: unauthenticated streams refused {service.stats.unauthenticated_streams}, "
+          f"source_not_allowed {service.stats.problems['source_not_allowed']}, plaintext stream errors "
+          f"{plaintext.stats['stream_errors']}")
+
+
+def test_gateway_refuses_a_non_loopback_listen_without_tls_and_tokens(tmp_path):
+    """Nothing listens beyond loopback in plaintext: the CLI refuses before connecting anywhere."""
+    cli = [sys.executable, "-m", "fabricwatch.cli", "gateway", "--broker", "127.0.0.1:1"]
+    plain = subprocess.run([*cli, "--listen", "0.0.0.0:0"], capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 2 and "without TLS" in plain.stderr
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    no_tokens = subprocess.run([*cli, "--listen", "0.0.0.0:0", "--tls-cert", str(cert), "--tls-key", str(key)],
+                               capture_output=True, text=True, timeout=60)
+    assert no_tokens.returncode == 2 and "without --tokens" in no_tokens.stderr
+
+
+# ---------------------------------------------------------------------- 5. clock skew, out of order, duplicates
+async def test_skewed_clocks_and_out_of_order_duplicated_samples_keep_event_time_logic(broker, tmp_path):
+    """Nodes 30 s ahead and 30 s behind are judged on their own event time; samples that arrive
+    late or twice are dropped (they would run rates backwards), so they neither resolve nor
+    reopen an anomaly; a sample beyond the gateway's skew bound is refused with its reason."""
+    app_id = f"fw-skew-{uuid.uuid4().hex[:6]}"
+    tag = uuid.uuid4().hex[:6]
+    now = time.time_ns()
+    clocks = {f"node-{tag}-ahead": now + 30 * S, f"node-{tag}-behind": now - 30 * S, f"node-{tag}-ontime": now}
+    # arrival order of sample indexes: a duplicate of 1, a late 0 and 2 after 3, a duplicate of 4
+    arrival = [0, 1, 1, 2, 3, 0, 2, 4, 4, 5]
+    down = {2, 3}                                      # samples 2 and 3 show the link at 200G
+    worker = Worker(broker.bootstrap, tmp_path, app_id, "skew-worker").start()
+    try:
+        async with AnomalyReader(broker.bootstrap, "faults") as reader, \
+                in_process_gateway(broker.bootstrap) as sender:
+            for i in arrival:
+                for node, t0 in clocks.items():
+                    sender.submit(nic_snapshot(source=node, t_ns=t0 + i * S, seq=i, cluster="faults",
+                                               rates={1: "200 Gb/sec (4X HDR)"} if i in down else {}))
+            sender.submit(nic_snapshot(source=f"node-{tag}-far", t_ns=now + 600 * S, cluster="faults"))
+            assert await sender.drain(30)
+            assert sender.last_ack.problems_by_reason["timestamp_out_of_range"] == 1
+
+            def all_resolved(events):
+                return sum(e.lifecycle == ev.LIFECYCLE_RESOLVED and e.entity.node in clocks for e in events) == 3
+
+            await reader.wait_for("three RESOLVED", all_resolved)
+            await asyncio.sleep(2)
+            events = [e for e in reader.events if e.entity.node in clocks]
+    finally:
+        worker.stop()
+    for node, t0 in clocks.items():
+        mine = [(ev.Lifecycle.Name(e.lifecycle), e.detected_unix_ns) for e in events if e.entity.node == node]
+        assert list(dict.fromkeys(mine)) == [("LIFECYCLE_OPEN", t0 + 2 * S), ("LIFECYCLE_RESOLVED", t0 + 4 * S)], node
+    print(f"skew: {len(arrival) * 3} samples with {3 * (len(arrival) - 6)} late/duplicate, events {len(events)}")
+
+
+# ---------------------------------------------------------------------- 4. a worker that falls behind
+async def test_worker_catching_up_on_a_backlog_marks_stale_findings_and_pages_on_live_ones(broker, tmp_path):
+    """Telemetry piles up while the worker is away; once back, what the backlog shows is still
+    reported, but as info with its age (`max_sample_age_s`, 120 s in the worker), while the same
+    fault on live data keeps its severity."""
+    from fabricwatch.streams.worker import LIVE_MAX_SAMPLE_AGE_S
+
+    app_id = f"fw-behind-{uuid.uuid4().hex[:6]}"
+    tag = uuid.uuid4().hex[:6]
+    old_node, live_node = f"node-{tag}-old", f"node-{tag}-live"
+    old_t0 = time.time_ns() - int((LIVE_MAX_SAMPLE_AGE_S + 90) * S)
+
+    def downgrade(node: str, t0: int) -> list[pb.Snapshot]:
+        return [nic_snapshot(source=node, t_ns=t0 + i * S, seq=i, cluster="faults",
+                             rates={1: "200 Gb/sec (4X HDR)"} if i >= 2 else {}) for i in range(4)]
+
+    async with AnomalyReader(broker.bootstrap, "faults") as reader, in_process_gateway(broker.bootstrap) as sender:
+        await send(sender, downgrade(old_node, old_t0))          # the backlog: no worker consumes it yet
+        worker = Worker(broker.bootstrap, tmp_path, app_id, "behind-worker").start()
+        try:
+            await send(sender, downgrade(live_node, time.time_ns()))
+            nodes = {old_node, live_node}
+            await reader.wait_for("both downgrades", lambda events: {e.entity.node for e in events} >= nodes)
+        finally:
+            worker.stop()
+    opened = {e.entity.node: e for e in reader.events if e.lifecycle == ev.LIFECYCLE_OPEN and e.entity.node in nodes}
+    stale, live = opened[old_node], opened[live_node]
+    assert stale.severity == ev.SEVERITY_INFO and stale.summary.startswith("[stale: ")
+    age = {e.name: e for e in stale.evidence}["sample_age_s"]
+    assert age.value > LIVE_MAX_SAMPLE_AGE_S and age.threshold == LIVE_MAX_SAMPLE_AGE_S
+    assert live.severity != ev.SEVERITY_INFO and "sample_age_s" not in {e.name for e in live.evidence}
+    assert "[stale: " in worker.log_path.read_text()             # and the worker's log says so
+    print(f"behind: backlog finding {age.value:.0f} s old -> info; live finding {ev.Severity.Name(live.severity)}")
+
+
+@pytest.mark.xfail(strict=True, reason="known: the storm locator's event time is the newest pause record of any "
+                   "source, so a backlog read faster on the switches' partitions than on the nodes' expires the "
+                   "1 s grace of a half-arrived picture and names a leaf port (docs/reliability.md)")
+def test_backlog_read_switches_first_names_no_switch_root(tmp_path):
+    """What the worker does when catching up: stage 1 reads partitions at different paces; here the
+    switches' backlog is processed before the nodes'. The storm must still be the NIC's alone."""
+    episode = storm_then_straggler(tmp_path, seconds=6)
+    from fabricwatch.models.topology import Topology
+
+    pipeline = DetectionPipeline(topology=Topology.load(episode.topology_file))
+    flat = [s for tick in episode.ticks for s in tick]
+    opened = set()
+    for snap in [s for s in flat if s.source_kind == pb.SOURCE_KIND_SWITCH] + \
+                [s for s in flat if s.source_kind == pb.SOURCE_KIND_NODE]:
+        for change in pipeline.observe(snap).pause_changes:
+            opened |= {f.dedup_key for f in pipeline.locate(change) if f.state == "open"}
+    assert opened == {episode.key("pfc_storm")}
+
+
+async def test_mtls_gateway_refuses_a_collector_without_a_client_certificate(tmp_path):
+    """With --client-ca the TLS handshake itself needs a certificate signed by that CA: a valid
+    token is not enough."""
+    import grpc
+
+    from fabricwatch.localtls import ensure_self_signed
+    from fabricwatch.protos.v1 import telemetry_pb2_grpc as pb_grpc
+    from fabricwatch.streams.auth import Collector, TokenAuth, new_token, token_digest
+    from fabricwatch.streams.gateway import IngestService, server_credentials
+
+    cert, key = ensure_self_signed(tmp_path / "server")
+    client_cert, client_key = ensure_self_signed(tmp_path / "client")     # self-signed: its own CA
+    token, source = new_token(), f"node-mtls-{uuid.uuid4().hex[:6]}"
+    sink = RecordingSink()          # the handshake is under test here, not the Kafka write
+    service = IngestService(sink, TokenAuth([Collector("rack-m", token_digest(token), (source,))]))
+    server = grpc.aio.server()
+    pb_grpc.add_IngestServicer_to_server(service, server)
+    listen = f"127.0.0.1:{free_port()}"
+    server.add_secure_port(listen, server_credentials(str(cert), str(key), client_ca_path=str(client_cert)))
+    await server.start()
+    tls = dict(target=listen, token=token, root_cert_path=str(cert), server_name_override="localhost",
+               backoff_max_s=0.5)
+    try:
+        without, with_cert = GatewaySender(SenderConfig(**tls)), GatewaySender(
+            SenderConfig(client_cert_path=str(client_cert), client_key_path=str(client_key), **tls))
+        for sender in (without, with_cert):
+            async with running(sender):
+                sender.submit(small_snapshot(source, 0 if sender is without else 1))
+                await sender.drain(3)
+    finally:
+        await server.stop(grace=1)
+    assert without.stats["accepted"] == 0 and without.stats["stream_errors"] >= 1
+    assert with_cert.stats["accepted"] == 1, with_cert.stats
+    assert [snap.seq for snap in sink.snapshots()] == [1]
+
+
+async def test_a_snapshot_the_validator_chokes_on_is_refused_not_a_poison_pill():
+    """Found by tests/fuzz/atheris_ingest.py: a bad entity id together with a short label column
+    made validation raise, so the gateway failed the whole batch and the collector resent it
+    forever. Now the batch is acked, every snapshot accounted for, the good one written."""
+    from fabricwatch.streams.gateway import IngestService
+
+    snap = nic_snapshot(source="node-0001")
+    snap.blocks[0].entity_ids[3] = "mlx5[3/1"             # a malformed id: its row is dropped...
+    del snap.blocks[0].labels[4].values[6:]                 # ...while a label column is too short
+    sink = RecordingSink()
+    ack = await IngestService(sink).ingest(pb.IngestBatch(batch_id=7, snapshots=[snap, nic_snapshot("node-0002")]),
+                                           None)
+    assert ack.accepted + ack.rejected == 2 and "node-0002" in {s.source for s in sink.snapshots()}
+    assert ack.rejected == ack.problems_by_reason["validation_error"]
+
+
+async def test_gateway_replaces_a_producer_wedged_by_a_broker_restart(broker):
+    """Seen once in the broker-outage scenario (1 run of 4): after the restart every write of the
+    gateway's idempotent producer failed with OutOfOrderSequenceNumber, for good, so nothing was
+    acked and the collectors' buffers filled. aiokafka does not recover from that state; the
+    sink now replaces its producer. Here the wedged state is forced on the real producer."""
+    from aiokafka.errors import OutOfOrderSequenceNumber
+
+    from fabricwatch.streams.gateway import KafkaSink
+
+    await topics.ensure_topics(broker.bootstrap, topics.ALL_TOPICS)
+    sink = KafkaSink(broker.bootstrap)
+    await sink.start()
+    source = f"node-wedged-{uuid.uuid4().hex[:6]}"
+
+    def record(seq: int):
+        return [(topics.TELEMETRY, source.encode(), small_snapshot(source, seq).SerializeToString())]
+
+    async def wedged_send(*args, **kwargs):
+        raise OutOfOrderSequenceNumber()
+
+    try:
+        await sink.write(record(0))
+        sink.producer.send = wedged_send
+        with pytest.raises(OutOfOrderSequenceNumber):
+            await sink.write(record(1))                # not acked: the collector resends it
+        await sink.write(record(1))                    # the resend goes through a new producer
+    finally:
+        await sink.stop()
+    assert sink.producer_restarts == 1
+    assert (await telemetry_seqs(broker.bootstrap, {source}))[source] == [0, 1]
