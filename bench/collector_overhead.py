@@ -1,6 +1,7 @@
 """CPU cost of the node collector on an 8-NIC, 8-GPU node: % of one core.
 
-    python bench/collector_overhead.py [--duration 60] [--no-gpus | --real-nvml] [--no-gateway]
+    python bench/collector_overhead.py [--duration 60] [--repeats 3] [--no-gpus | --real-nvml] [--no-gateway]
+                                       [--reference DIR]
 
 A child process runs the real `NodeCollector` loop at the default intervals (PFC counters
 every 100 ms, sysfs / other ethtool counters / NVML every 1 s) over the recorded ConnectX-7
@@ -8,7 +9,17 @@ RoCE tree (tests/fixtures/sysfs/roce_cx7, 8 ports) and streams every snapshot th
 `GatewaySender` to a real gRPC gateway (`IngestService`, records discarded) run by this
 parent process. The child's own CPU seconds (user + system) over the measured window,
 divided by the wall seconds, is the overhead; the first 2 s (start-up, first discovery)
-are left out.
+are left out. With ``--repeats N`` the child runs N times and the median is reported.
+
+``--reference DIR`` measures an earlier version in the same run, alternating with the
+current one (these machines are noisy; only the ratio is comparable across runs). DIR
+holds that version's ``fabricwatch`` package and is put first on the child's
+``PYTHONPATH``; make one from a commit with::
+
+    git archive <commit> | tar -x -C /tmp/ref-src && mkdir -p /tmp/ref && cp -r /tmp/ref-src/fabricwatch /tmp/ref/
+    for d in collectors streams models actions protos dashboard; do rm -rf /tmp/ref/fabricwatch/$d; \
+        cp -r /tmp/ref-src/$d /tmp/ref/fabricwatch/$d; done
+    cp protos/v1/*_pb2*.py /tmp/ref/fabricwatch/protos/v1/
 
 What is and is not real here:
 * sysfs: real reads (kept descriptors + pread) of a recorded tree on the local disk; on a
@@ -21,7 +32,9 @@ What is and is not real here:
   on mlx5 each ``ETHTOOL_GSTATS`` also makes the driver query the firmware (PPCNT), time
   the process spends asleep rather than on the CPU.
 * NVML: 8 GPUs x 18 NVLink links through a stand-in module that answers at once
-  (``--no-gpus``: NVML absent), so this measures the Python side only; the real per-call
+  (``--no-gpus``: NVML absent), so this measures the Python side only; the result counts
+  the NVML calls per second by function (``nvml_calls_per_s``), which times the per-call
+  costs measured on a real GPU gives the driver's share; the real per-call
   cost comes from ``python -m fabricwatch.collectors.gpu_check`` on the target machine, or
   from ``--real-nvml``: the GPUs of this machine through the real NVML (the result says how
   many; scale the NVML share to 8 GPUs).
@@ -38,7 +51,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
+from statistics import median
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,7 +91,7 @@ def fake_nvml(n_gpus: int = 8, n_links: int = 18) -> SimpleNamespace:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
 
     names = {k: getattr(pynvml, k) for k in dir(pynvml) if k.startswith(("NVML_", "nvmlEventType"))}
-    return SimpleNamespace(
+    module = SimpleNamespace(
         **names,
         nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: n_gpus,
         nvmlDeviceGetHandleByIndex=lambda i: handles[i],
@@ -96,13 +111,24 @@ def fake_nvml(n_gpus: int = 8, n_links: int = 18) -> SimpleNamespace:
         nvmlEventSetCreate=lambda: "es", nvmlDeviceGetSupportedEventTypes=lambda h: 0x8,
         nvmlDeviceRegisterEvents=lambda h, t, es: None, nvmlEventSetWait=wait, nvmlEventSetFree=lambda es: None,
     )
+    module.calls = Counter()
+    for name, fn in list(vars(module).items()):
+        if name.startswith("nvmlDevice") and callable(fn):
+            setattr(module, name, _counted(fn, name, module.calls))
+    return module
+
+
+def _counted(fn, name: str, calls: Counter):
+    def call(*args):
+        calls[name] += 1
+        return fn(*args)
+    return call
 
 
 # --------------------------------------------------------------------------- child: the collector
 async def child_main(target: str | None, duration_s: float, gpus: str, pfc_s: float = 0.1) -> dict:
     from fabricwatch.collectors.ethtool_stats import EthtoolReader, RecordedSource
-    from fabricwatch.collectors.node import NodeCollector, NodeConfig, run_sender
-    from fabricwatch.collectors.nvml_gpu import GpuReader
+    from fabricwatch.collectors.node import NodeCollector, NodeConfig
     from fabricwatch.collectors.sender import GatewaySender
     from fabricwatch.collectors.sysfs_nic import NicReader
 
@@ -111,30 +137,33 @@ async def child_main(target: str | None, duration_s: float, gpus: str, pfc_s: fl
                                    "gateway": {"target": target or "127.0.0.1:1"}})
     nic = NicReader(str(TREE))
     ethtool = EthtoolReader(source=RecordedSource({p.netdev: str(ETHTOOL_TXT) for p in nic.discover()}))
-    if gpus == "real":
-        gpu = GpuReader(energy=config.nvml.energy)
-        if not gpu.open():
-            raise SystemExit(f"--real-nvml: {gpu.unavailable}")
-    else:
-        gpu = GpuReader(nvml=fake_nvml(), energy=config.nvml.energy) if gpus == "stand-in" else False
-    collector = NodeCollector(config, nic_reader=nic, ethtool_reader=ethtool, gpu_reader=gpu)
+    stand_in = None
+    if gpus == "stand-in":     # the collector builds its own GpuReader, as deployed, on this module
+        stand_in = sys.modules["pynvml"] = fake_nvml()
+    collector = NodeCollector(config, nic_reader=nic, ethtool_reader=ethtool,
+                              gpu_reader=False if gpus == "none" else None)
+    gpu = collector.gpu
+    if gpus == "real" and gpu is None:
+        raise SystemExit(f"--real-nvml: {collector.nvml_unavailable}")
     sender = GatewaySender(config.sender_config()) if target else None
     stop, sender_stop = asyncio.Event(), asyncio.Event()
-    sender_task = asyncio.create_task(run_sender(sender, sender_stop)) if sender else None
+    sender_task = asyncio.create_task(sender.run(sender_stop)) if sender else None
     sizes: list[int] = []
     marks: dict = {}
 
+    loop = asyncio.get_running_loop()
     def mark() -> None:
         marks["t"] = time.monotonic()
         marks["cpu"] = resource.getrusage(resource.RUSAGE_SELF)
         marks["snapshots"] = collector.stats["snapshots"]
+        marks["nvml"] = Counter(stand_in.calls) if stand_in else Counter()
 
-    loop = asyncio.get_running_loop()
     loop.call_later(WARMUP_S, mark)
     loop.call_later(WARMUP_S + duration_s, stop.set)
     on_snapshot = (lambda snap: sizes.append(snap.ByteSize())) if len(sizes) < 2000 else None
     await collector.run(stop, sender=sender, on_snapshot=on_snapshot)
     end_t, end_cpu = time.monotonic(), resource.getrusage(resource.RUSAGE_SELF)
+    nvml_calls = (Counter(stand_in.calls) - marks["nvml"]) if stand_in else Counter()
     fds = len(nic.files)
     drained = await sender.drain(10) if sender else True
     if sender:
@@ -154,6 +183,8 @@ async def child_main(target: str | None, duration_s: float, gpus: str, pfc_s: fl
         "acked": sender.stats["accepted"] if sender else None, "drained": drained,
         "gpus": len(gpu.gpus) if gpu else 0, "nvml": gpus, "nic_ports": len(nic.ports), "sysfs_fds": fds,
         "max_rss_mb": round(end_cpu.ru_maxrss / 1024, 1),
+        "nvml_calls_per_s": {k: round(v / wall, 2) for k, v in sorted(nvml_calls.items())},
+        "code": str(Path(sys.modules["fabricwatch"].__file__).parent.parent),
     }
 
 
@@ -211,16 +242,39 @@ async def parent_main(args) -> dict:
         cmd.append("--no-gpus")
     if args.real_nvml:
         cmd.append("--real-nvml")
-    proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    runs: dict[str, list[dict]] = {"current": [], "reference": []}
+    try:
+        for _ in range(args.repeats):
+            for which in ("current", "reference") if args.reference else ("current",):
+                env = dict(os.environ)
+                if which == "reference":
+                    env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.reference, env.get("PYTHONPATH")]))
+                before = CountingSink.records
+                runs[which].append(await run_child(cmd, env))
+                runs[which][-1]["gateway_records"] = CountingSink.records - before if server else None
+    finally:
+        if server:
+            await server.stop(0)
+    result = dict(runs["current"][len(runs["current"]) // 2])     # a representative run, then the medians
+    result["pct_of_one_core"] = median(r["pct_of_one_core"] for r in runs["current"])
+    result["pct_per_repeat"] = [r["pct_of_one_core"] for r in runs["current"]]
+    if args.reference:
+        ref = median(r["pct_of_one_core"] for r in runs["reference"])
+        result["reference"] = {"code": runs["reference"][0]["code"], "pct_of_one_core": ref,
+                               "pct_per_repeat": [r["pct_of_one_core"] for r in runs["reference"]],
+                               "nvml_calls_per_s": runs["reference"][0]["nvml_calls_per_s"]}
+        result["ratio_to_reference"] = round(result["pct_of_one_core"] / ref, 3)
+    return result
+
+
+async def run_child(cmd: list[str], env: dict) -> dict:
+    proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                                env=env)
     out, err = await proc.communicate()
-    if server:
-        await server.stop(0)
     lines = out.decode().strip().splitlines()
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"the collector process failed (exit {proc.returncode}): {err.decode().strip()[-800:]}")
-    result = json.loads(lines[-1])
-    result["gateway_records"] = CountingSink.records if server else None
-    return result
+    return json.loads(lines[-1])
 
 
 def main() -> None:
@@ -230,6 +284,9 @@ def main() -> None:
     p.add_argument("--real-nvml", action="store_true", help="this machine's GPUs through the real NVML")
     p.add_argument("--pfc-interval", type=float, default=0.1, help="intervals.ethtool_pfc in seconds (default 0.1)")
     p.add_argument("--no-gateway", action="store_true", help="do not send (sampling and encoding only)")
+    p.add_argument("--repeats", type=int, default=1, help="runs of the child; the median is reported")
+    p.add_argument("--reference", default="", help="a directory holding an earlier fabricwatch package: "
+                                                   "measured alternately in the same run, with the ratio")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--target", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -237,6 +294,10 @@ def main() -> None:
         gpus = "none" if args.no_gpus else "real" if args.real_nvml else "stand-in"
         print(json.dumps(asyncio.run(child_main(args.target, args.duration, gpus, args.pfc_interval))))
         return
+    if args.repeats < 1 or args.duration <= 0:
+        p.error("--repeats must be >= 1 and --duration > 0")
+    if args.reference and not (Path(args.reference) / "fabricwatch" / "__init__.py").is_file():
+        p.error(f"--reference {args.reference}: no fabricwatch package there")
     result = asyncio.run(parent_main(args))
     result["ethtool_ioctl_us_per_read_veth"] = ioctl_cost_us()
     result["cpu"] = f"{os.cpu_count()} cores, {os.uname().machine}, Python {sys.version.split()[0]}"
@@ -246,6 +307,9 @@ def main() -> None:
     print(f"\ndocs: node collector, {result['nic_ports']} RoCE ports + {gpus}, PFC every {args.pfc_interval * 1000:.0f} ms, "
           f"the rest every 1 s, "
           f"streamed to a loopback gateway: {result['pct_of_one_core']:.2f} % of one core "
+          f"(median of {args.repeats}"
+          + (f"; {result['ratio_to_reference']:.2f}x the reference's {result['reference']['pct_of_one_core']:.2f} %"
+             if args.reference else "") + ") "
           f"({result['snapshots_per_s']} snapshots/s, {result['mean_snapshot_bytes']} B each, "
           f"max RSS {result['max_rss_mb']} MB; {result['cpu']}).")
 

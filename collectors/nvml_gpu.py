@@ -37,6 +37,16 @@ sample; one ``nvmlDeviceGetFieldValues`` call asks the per-link states and the f
 totals at once. It is used where it answers every field at the first sample; otherwise
 (an older driver, a field the GPU lacks) the reader iterates links from then on.
 
+Per-field intervals: the fields that move rarely and only matter when they move (ECC
+totals, remapped rows, the PCIe replay counter, NVLink error totals) are read at the first
+sample and then every ``slow_every``-th sample (the node collector's ``nvml.slow_fields_s``,
+10 s by default); the rest (utilisation, clocks, clock-event reasons, power, temperature,
+PCIe current gen/width, NVLink link states) every sample. Between two slow reads the slow
+counters are left out of the row, so the worker takes their rates over the real time
+between the reads (its rate state is kept per block layout); the remapped-row gauges carry
+their last reading, as the cached maxima do. A slow field that failed for a passing reason
+is retried at the next slow read. XIDs stay event-driven.
+
 Degrading, field by field: a call that answers NOT_SUPPORTED or FUNCTION_NOT_FOUND (an
 older driver, a GPU without the feature, NVLink on a PCIe card) is logged once, never
 called again for that GPU, and its column reads NaN (gauge) or is left out (counter). Any
@@ -119,6 +129,7 @@ class _Gpu:
     links: tuple[int, ...] = ()               # NVLink links that answered at start
     static: dict = field(default_factory=dict)   # cached maxima (gauge -> value)
     static_at: float = -1e18                  # time.monotonic() of the last full read of the maxima
+    slow: dict = field(default_factory=dict)     # last reading of the slow gauges (remapped rows)
     nvlink_fields: bool | None = None         # None: not tried yet; False: per-link calls instead
 
 
@@ -174,11 +185,19 @@ class GpuReader:
         ``pcie_width_max``) are read at the first sample and again after this long, not
         every sample (``nvmlDeviceGetMaxClockInfo`` alone took ~2 ms on that H200); the
         last reading is sent every sample.
+    slow_every : read the slow fields (ECC, remapped rows, PCIe replay, NVLink error
+        totals) at the first sample and every this many samples (1: every sample;
+        ``nvmlDeviceGetPcieReplayCounter`` alone took 0.2-0.4 ms on that H200).
     """
 
     def __init__(self, nvlink: bool = True, xid_events: bool = True, event_wait_ms: int = 1000,
-                 record_calls: bool = False, nvml=None, energy: bool = True, static_refresh_s: float = 300.0) -> None:
+                 record_calls: bool = False, nvml=None, energy: bool = True, static_refresh_s: float = 300.0,
+                 slow_every: int = 1) -> None:
+        if slow_every < 1:
+            raise ValueError(f"slow_every = {slow_every}: must be >= 1")
         self.nvlink = nvlink
+        self.slow_every = slow_every
+        self.samples = 0                           # calls of sample(): the slow fields' clock
         self.energy = energy
         self.static_refresh_s = static_refresh_s
         self.xid_events = xid_events
@@ -340,9 +359,12 @@ class GpuReader:
 
     # -- sampling -----------------------------------------------------------------------------
     def sample(self) -> list[EntityRow]:
-        return [self.sample_gpu(g) for g in self.gpus]
+        """One row per GPU; the slow fields only on every ``slow_every``-th call (the first included)."""
+        slow = self.samples % self.slow_every == 0
+        self.samples += 1
+        return [self.sample_gpu(g, slow) for g in self.gpus]
 
-    def sample_gpu(self, gpu: _Gpu) -> EntityRow:
+    def sample_gpu(self, gpu: _Gpu, slow: bool = True) -> EntityRow:
         nv, h, call = self._nvml, gpu.handle, self._call
         g: dict[str, float] = dict.fromkeys(GAUGE_NAMES, NAN)
         c: dict[str, int] = {}
@@ -357,21 +379,29 @@ class GpuReader:
         g["temperature_c"] = _f(self._temperature(gpu))
         g["pcie_gen_current"] = _f(call(gpu, "pcie_gen_current", "nvmlDeviceGetCurrPcieLinkGeneration", h))
         g["pcie_width_current"] = _f(call(gpu, "pcie_width_current", "nvmlDeviceGetCurrPcieLinkWidth", h))
+        if slow:
+            self._slow_fields(gpu, c)
+        g.update(gpu.slow)
+        if self.energy:
+            _put(c, "energy_mj", call(gpu, "energy_mj", "nvmlDeviceGetTotalEnergyConsumption", h))
+        if gpu.links:
+            self._nvlink(gpu, g, c, slow)
+        labels = {"uuid": gpu.uuid, "pci_bdf": gpu.pci_bdf, "name": gpu.name}
+        return EntityRow(gpu.entity_id, {k: c[k] for k in COUNTER_NAMES if k in c}, g, labels)
+
+    def _slow_fields(self, gpu: _Gpu, c: dict) -> None:
+        """ECC totals, PCIe replays (counters, into ``c``) and remapped rows (``gpu.slow``,
+        sent with every sample until the next read; NaN after a failed read)."""
+        nv, h, call = self._nvml, gpu.handle, self._call
         rows = call(gpu, "remapped_rows", "nvmlDeviceGetRemappedRows", h)
-        if rows is not None:
-            (g["remapped_rows_correctable"], g["remapped_rows_uncorrectable"],
-             g["remapped_rows_pending"], g["remapped_rows_failure"]) = (float(v) for v in rows[:4])
+        names = ("remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending",
+                 "remapped_rows_failure")
+        gpu.slow = dict(zip(names, (float(v) for v in rows[:4]))) if rows is not None else {}
         vol = getattr(nv, "NVML_VOLATILE_ECC", 0)
         for column, etype in (("ecc_corrected_volatile_total", getattr(nv, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0)),
                               ("ecc_uncorrected_volatile_total", getattr(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1))):
             _put(c, column, call(gpu, column, "nvmlDeviceGetTotalEccErrors", h, etype, vol))
         _put(c, "pcie_replay_total", call(gpu, "pcie_replay_total", "nvmlDeviceGetPcieReplayCounter", h))
-        if self.energy:
-            _put(c, "energy_mj", call(gpu, "energy_mj", "nvmlDeviceGetTotalEnergyConsumption", h))
-        if gpu.links:
-            self._nvlink(gpu, g, c)
-        labels = {"uuid": gpu.uuid, "pci_bdf": gpu.pci_bdf, "name": gpu.name}
-        return EntityRow(gpu.entity_id, {k: c[k] for k in COUNTER_NAMES if k in c}, g, labels)
 
     def _maxima(self, gpu: _Gpu) -> dict[str, float]:
         """The GPU's own maxima: all read again every ``static_refresh_s``; one that failed
@@ -398,10 +428,11 @@ class GpuReader:
             return value                        # answered, a transient error, or the sensor is not supported
         return self._call(gpu, "temperature_c", "nvmlDeviceGetTemperature", h, sensor)
 
-    def _nvlink(self, gpu: _Gpu, g: dict, c: dict) -> None:
-        """NVLink state and error totals: one ``nvmlDeviceGetFieldValues`` call where it answers
-        every field, else one call per link and counter (5 x 18 calls per H100/H200 GPU)."""
-        if gpu.nvlink_fields is not False and self._nvlink_by_fields(gpu, g, c):
+    def _nvlink(self, gpu: _Gpu, g: dict, c: dict, slow: bool = True) -> None:
+        """NVLink states (every sample) and error totals (``slow`` samples only): one
+        ``nvmlDeviceGetFieldValues`` call where it answers every field, else one call per
+        link and counter (1 x 18 calls per H100/H200 GPU, 5 x 18 on slow samples)."""
+        if gpu.nvlink_fields is not False and self._nvlink_by_fields(gpu, g, c, slow):
             return
         nv, h = self._nvml, gpu.handle
         active = 0
@@ -412,7 +443,7 @@ class GpuReader:
             if state is not None:
                 answered += 1
                 active += 1 if state else 0
-            for column, const in NVLINK_COUNTERS:
+            for column, const in NVLINK_COUNTERS if slow else ():
                 value = self._call(gpu, f"{column}:{link}", "nvmlDeviceGetNvLinkErrorCounter", h, link,
                                    getattr(nv, const))
                 if value is not None:
@@ -424,14 +455,19 @@ class GpuReader:
             if column in totals:
                 c[column] = totals[column]
 
-    def _nvlink_by_fields(self, gpu: _Gpu, g: dict, c: dict) -> bool:
-        """Fields ``NVLINK_GET_STATE`` (per link) and the four ``*_ERROR_COUNT_TOTAL``; False = not usable."""
+    def _nvlink_by_fields(self, gpu: _Gpu, g: dict, c: dict, slow: bool = True) -> bool:
+        """Fields ``NVLINK_GET_STATE`` (per link) and, on ``slow`` samples, the four
+        ``*_ERROR_COUNT_TOTAL``; False = not usable."""
         nv = self._nvml
         state_id = getattr(nv, "NVML_FI_DEV_NVLINK_GET_STATE", None)
         totals = [(column, getattr(nv, field, None)) for column, field in NVLINK_TOTAL_FIELDS]
         if state_id is None or any(fid is None for _, fid in totals):
             gpu.nvlink_fields = False
             return False
+        if not slow and gpu.nvlink_fields is None:
+            slow = True                       # the first call asks every field: it decides the method
+        if not slow:
+            totals = []
         ids = [(state_id, link) for link in gpu.links] + [fid for _, fid in totals]
         values = self._call(gpu, "nvlink_fields", "nvmlDeviceGetFieldValues", gpu.handle, ids)
         if values is None:

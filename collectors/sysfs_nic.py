@@ -170,9 +170,18 @@ class OpenFiles:
         try:
             return os.pread(fd, 4096, 0)
         except OSError as exc:
-            if exc.errno in (errno.ENODEV, errno.ESTALE, errno.EBADF):   # the device went away
-                self.forget(path)
+            self.failed(path, exc)
             raise
+
+    @property
+    def kept(self) -> dict[str, int]:
+        """path -> kept descriptor (read it with ``os.pread(fd, n, 0)``; report errors to `failed`)."""
+        return self._fds
+
+    def failed(self, path: str, exc: OSError) -> None:
+        """A read of a kept descriptor failed: forget it if its device went away."""
+        if exc.errno in (errno.ENODEV, errno.ESTALE, errno.EBADF):
+            self.forget(path)
 
     def read(self, path: str) -> str:
         return self.read_bytes(path).decode("utf-8", "replace").rstrip("\n")
@@ -209,7 +218,10 @@ def read_netdev_speed(sys_root: str, ifname: str, problems: Problems | None = No
 
     ``read`` returns the attribute as str or bytes (``OpenFiles.read_bytes``).
     """
-    path = os.path.join(sys_root, "class", "net", ifname, "speed")
+    return _read_speed(os.path.join(sys_root, "class", "net", ifname, "speed"), ifname, problems, read)
+
+
+def _read_speed(path: str, ifname: str, problems: Problems | None, read) -> float:
     try:
         return float(int(read(path)))
     except OSError as exc:
@@ -239,6 +251,16 @@ class PortInfo:
     netdev_source: str = ""                     # "device/net" | "gid_attrs/ndevs/0" | ""
     pci_bdf: str = ""
     link_layer: str = ""                        # as read at discovery (decides the ethtool sources)
+    sys_root: str = ""                          # where the netdev and PCI files are looked up
+
+    def __post_init__(self) -> None:
+        # Every path a sample reads, joined once here rather than on every sample.
+        self.label_paths = [(name, os.path.join(self.path, name)) for name in ("rate", "state", "phys_state",
+                                                                                 "link_layer")]
+        self.speed_path = os.path.join(self.sys_root, "class", "net", self.netdev, "speed") if self.netdev else ""
+        pci = os.path.join(self.sys_root, "bus", "pci", "devices", self.pci_bdf)
+        self.pcie_paths = [(gauge, os.path.join(pci, attr), parse) for gauge, attr, parse in _PCIE_FILES] \
+            if self.pci_bdf else []
 
     @property
     def entity_id(self) -> str:
@@ -330,7 +352,7 @@ class NicReader:
             link_layer = read_text(os.path.join(path, "link_layer"))
         except OSError:
             link_layer = ""
-        return PortInfo(dev, n, path, files, netdev, source, bdf, link_layer)
+        return PortInfo(dev, n, path, files, netdev, source, bdf, link_layer, self.sys_root)
 
     def _pci_bdf(self, device_link: str) -> str:
         try:
@@ -375,16 +397,20 @@ class NicReader:
 
     def sample_port(self, port: PortInfo) -> EntityRow:
         row = EntityRow(port.entity_id)
-        for name in ("rate", "state", "phys_state", "link_layer"):
-            row.labels[name] = self._label(os.path.join(port.path, name))
+        for name, path in port.label_paths:
+            row.labels[name] = self._label(path)
         row.labels["netdev"] = port.netdev
         row.labels["pci_bdf"] = port.pci_bdf
         counters = row.counters
         read = self.files.read_bytes
+        kept, pread = self.files.kept, os.pread
         for name, path in port.counter_files:
             try:
-                value = int(read(path))
+                fd = kept.get(path)     # the ~60 counter files of a port: kept descriptors, no call layers
+                value = int(pread(fd, 64, 0) if fd is not None else read(path))
             except OSError as exc:
+                if fd is not None:
+                    self.files.failed(path, exc)
                 kind = "missing_counter" if exc.errno == errno.ENOENT else "read_error"
                 self.problems.report(kind, path, f"cannot read {path}: {exc}; column {name} left out")
                 continue
@@ -396,9 +422,9 @@ class NicReader:
             else:
                 self.problems.report("parse_error", path, f"{path}: {value} outside uint64; left out")
         gauges = row.gauges
-        gauges["netdev_speed_mbps"] = (read_netdev_speed(self.sys_root, port.netdev, self.problems, read)
+        gauges["netdev_speed_mbps"] = (_read_speed(port.speed_path, port.netdev, self.problems, read)
                                        if port.netdev else NAN)
-        gauges.update(self._pcie(port.pci_bdf))
+        gauges.update(self._pcie(port))
         assert tuple(gauges) == NIC_GAUGES and tuple(row.labels) == NIC_LABELS
         return row
 
@@ -413,16 +439,9 @@ class NicReader:
         """Close the kept descriptors (they are reopened on the next sample)."""
         self.files.close_all()
 
-    def _pcie(self, bdf: str) -> dict[str, float]:
+    def _pcie(self, port: PortInfo) -> dict[str, float]:
         out = {"pcie_width_current": NAN, "pcie_width_max": NAN, "pcie_gen_current": NAN, "pcie_gen_max": NAN}
-        if not bdf:
-            return out
-        d = os.path.join(self.sys_root, "bus", "pci", "devices", bdf)
-        for gauge, attr, parse in (("pcie_width_current", "current_link_width", _width),
-                                   ("pcie_width_max", "max_link_width", _width),
-                                   ("pcie_gen_current", "current_link_speed", pcie_gen),
-                                   ("pcie_gen_max", "max_link_speed", pcie_gen)):
-            path = os.path.join(d, attr)
+        for gauge, path, parse in port.pcie_paths:
             try:
                 out[gauge] = parse(self.files.read_bytes(path).decode("ascii", "replace"))
             except OSError as exc:
@@ -435,6 +454,12 @@ def _width(text: str) -> float:
         return float(int(text))
     except ValueError:
         return NAN
+
+
+_PCIE_FILES = (("pcie_width_current", "current_link_width", _width),
+               ("pcie_width_max", "max_link_width", _width),
+               ("pcie_gen_current", "current_link_speed", pcie_gen),
+               ("pcie_gen_max", "max_link_speed", pcie_gen))
 
 
 def _natural(name: str) -> tuple:

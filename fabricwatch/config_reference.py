@@ -70,6 +70,8 @@ NODE_KEY_MEANINGS = {
     "ethtool.recorded_dir": "testing and demos: read `<dir>/<ifname>.txt` (recorded `ethtool -S`) instead of the NIC",
     "nvml.nvlink": "NVLink state and error counters",
     "nvml.xid_events": "the XID event thread",
+    "nvml.slow_fields_s": "ECC, remapped rows, PCIe replay and NVLink error totals are read this often, seconds "
+                          "(the fast GPU fields follow `intervals.nvml`)",
     "nvml.energy": "the `energy_mj` counter (~2.8 ms of CPU per GPU and read)",
 }
 

@@ -672,7 +672,8 @@ def instrument_torch(reporter: RankReporter, model: Any = None, optimizer: Any =
     """Time a PyTorch DDP training loop without touching it; returns the hook handles.
 
     * ``model`` (a ``DistributedDataParallel``): a forward pre-hook opens a step when none
-      is open; the DDP comm hook is wrapped so that the first gradient bucket handed to
+      is open and autograd is on (a ``torch.no_grad()`` forward, e.g. validation between
+      steps, is no training step: it would open one that runs into the next); the DDP comm hook is wrapped so that the first gradient bucket handed to
       the collectives marks the entry into them. ``comm_hook`` defaults to DDP's own
       ``allreduce_hook``; pass yours (PowerSGD, fp16 compression...) to keep it.
     * ``optimizer``: a step pre-hook marks the end of the collectives (DDP's backward has
@@ -691,8 +692,10 @@ def instrument_torch(reporter: RankReporter, model: Any = None, optimizer: Any =
         if torch.cuda.is_available():
             sync = torch.cuda.synchronize
     if model is not None:
+        grad_enabled = _grad_mode()
+
         def _forward_pre_hook(module, args):
-            if reporter._t0 is None:
+            if reporter._t0 is None and grad_enabled():
                 reporter.step_begin()
             return None
 
@@ -724,6 +727,15 @@ def instrument_torch(reporter: RankReporter, model: Any = None, optimizer: Any =
         handles.append(optimizer.register_step_pre_hook(_pre_step))
         handles.append(optimizer.register_step_post_hook(_post_step))
     return handles
+
+
+def _grad_mode() -> Callable[[], bool]:
+    """``torch.is_grad_enabled``; without torch (stand-in modules) every forward trains."""
+    try:
+        from torch import is_grad_enabled
+    except ImportError:
+        return lambda: True
+    return is_grad_enabled
 
 
 # -- NCCL Inspector --------------------------------------------------------------------------

@@ -456,6 +456,101 @@ def test_nvml_maxima_are_cached_and_energy_is_optional():
     assert NodeConfig.from_dict({}).nvml.energy is False                      # the collector's default
 
 
+SLOW_COUNTERS = ("ecc_corrected_volatile_total", "ecc_uncorrected_volatile_total", "pcie_replay_total",
+                 "nvlink_crc_flit_errors_total", "nvlink_crc_data_errors_total", "nvlink_replay_errors_total",
+                 "nvlink_recovery_errors_total")
+
+
+def test_nvml_slow_fields_are_read_every_nth_sample_and_carried_or_left_out_between():
+    fake = FakeGpus(n=2)
+    remapped = {0: (2, 0, 0, 0), 1: (0, 0, 0, 0)}
+    fake.mocks["nvmlDeviceGetRemappedRows"].side_effect = lambda h: remapped[h.i]
+    with fake.patch():
+        reader = GpuReader(xid_events=False, energy=True, slow_every=4)
+        assert reader.open()
+        samples = []
+        for i in range(9):
+            if i == 2:
+                remapped[0] = (3, 0, 1, 0)               # a row remapped between two slow reads
+            if i == 6:
+                fake.fail("nvmlDeviceGetRemappedRows", pynvml.NVML_ERROR_UNKNOWN)
+            samples.append(rows_by_id(reader.sample()))
+        reader.close()
+    slow = [i for i, rows in enumerate(samples) if "pcie_replay_total" in rows["gpu0"].counters]
+    assert slow == [0, 4, 8]
+    for i, rows in enumerate(samples):
+        for row in rows.values():
+            assert tuple(row.gauges) == GAUGE_NAMES                   # gauges: same layout every sample
+            want = COUNTER_NAMES if i in slow else ("energy_mj",)      # slow counters only when read
+            assert tuple(row.counters) == want, (i, row.counters)
+            assert row.gauges["utilization_gpu_pct"] > 0 and row.gauges["nvlink_links_active"] >= 3
+    carried = [rows["gpu0"].gauges["remapped_rows_correctable"] for rows in samples]
+    assert carried[:4] == [2.0] * 4 and carried[4:8] == [3.0] * 4     # the last reading until the next
+    assert math.isnan(carried[8])                                       # a failed read: NaN
+    assert samples[5]["gpu0"].gauges["remapped_rows_pending"] == 1.0
+    m = fake.mocks
+    assert m["nvmlDeviceGetUtilizationRates"].call_count == m["nvmlDeviceGetPowerUsage"].call_count == 2 * 9
+    assert m["nvmlDeviceGetCurrPcieLinkGeneration"].call_count == 2 * 9    # compared with utilisation: fast
+    assert m["nvmlDeviceGetTotalEccErrors"].call_count == 2 * 2 * 3
+    assert m["nvmlDeviceGetPcieReplayCounter"].call_count == 2 * 3
+    assert m["nvmlDeviceGetRemappedRows"].call_count == 2 * 3
+    # NVLink: the link states every sample, the four error totals only with the slow fields
+    fields_asked = [len(c.args[1]) for c in m["nvmlDeviceGetFieldValues"].call_args_list]
+    assert fields_asked == [4 + 4, 4 + 4] + [4, 4] * 3 + [8, 8] + [4, 4] * 3 + [8, 8]
+    assert samples[4]["gpu0"].counters["nvlink_replay_errors_total"] == 4 * 100 + 6
+    with pytest.raises(ValueError, match="slow_every"):
+        GpuReader(slow_every=0)
+
+
+def test_nvml_slow_fields_on_the_per_link_fallback_read_error_counters_only_when_due():
+    fake = FakeGpus(n=1)
+    fake.fail("nvmlDeviceGetFieldValues", pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+    with fake.patch():
+        reader = GpuReader(xid_events=False, energy=False, slow_every=3)
+        assert reader.open()
+        samples = [reader.sample()[0] for _ in range(4)]
+        reader.close()
+    assert [tuple(r.counters) for r in samples] == [COUNTER_NAMES[:3] + COUNTER_NAMES[4:], (), (),
+                                                    COUNTER_NAMES[:3] + COUNTER_NAMES[4:]]
+    assert all(r.gauges["nvlink_links_active"] == 4 for r in samples)
+    assert fake.mocks["nvmlDeviceGetNvLinkErrorCounter"].call_count == 2 * 4 * 4      # 2 slow samples
+    assert fake.mocks["nvmlDeviceGetNvLinkState"].call_count == pynvml.NVML_NVLINK_MAX_LINKS + 4 * 4   # discovery, then every sample
+
+
+def test_slow_nvml_counters_keep_exact_deltas_through_the_worker_pipeline():
+    """Snapshots of the node collector (GPU blocks with and without the slow counters) through
+    the worker's per-source stage: the rate state is kept per layout, so the ECC increase
+    between two slow reads is seen once, with its full size, on the next read."""
+    from fabricwatch.streams.pipeline import DetectionPipeline
+
+    config = NodeConfig.from_dict({"node_name": "gpu-node-1", "cluster": "c1",
+                                   "sources": {"sysfs": False, "ethtool": False}, "nvml": {"slow_fields_s": 5.0}})
+    assert config.nvml_slow_every == 5
+    fake = FakeGpus(n=2)
+    uncorrected = {0: 0, 1: 0}
+    fake.mocks["nvmlDeviceGetTotalEccErrors"].side_effect = \
+        lambda h, t, c: 7 if t == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED else uncorrected[h.i]
+    pipeline = DetectionPipeline()
+    found, layouts = [], []
+    t0 = time.time_ns() - 60 * 10**9
+    with fake.patch():
+        collector = NodeCollector(config, gpu_reader=GpuReader(xid_events=False, energy=False,
+                                                               slow_every=config.nvml_slow_every))
+        for tick in range(16):
+            if tick == 7:
+                uncorrected[1] = 2                       # two uncorrectable errors between reads
+            snap = collector.collect({"nvml"})
+            snap.time_unix_ns = t0 + tick * 10**9
+            assert validate_snapshot(snap, time.time_ns()).problems == []
+            layouts.append(tuple(snap.blocks[0].counter_names))
+            found += [(tick, f) for f in pipeline.observe(snap).findings]
+        collector.close()
+    assert [i for i, names in enumerate(layouts) if names] == [0, 5, 10, 15]
+    assert set(layouts) == {(), tuple(n for n in COUNTER_NAMES if n != "energy_mj")}
+    ecc = [(tick, f) for tick, f in found if f.kind == "gpu_ecc_uncorrectable"]
+    assert [(tick, f.entity.device, f.evidence[0].value) for tick, f in ecc] == [(10, "gpu1", 2.0)]
+
+
 def test_nvml_not_supported_degrades_one_column_reported_once_and_not_called_again(caplog):
     fake = FakeGpus()
     fake.fail("nvmlDeviceGetFieldValues", pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)    # per-link NVLink calls
@@ -682,8 +777,13 @@ def test_config_refuses_unknown_keys_and_bad_values_with_clear_errors(tmp_path):
         load("node_name: bad name\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load("intervals: [\n")
+    with pytest.raises(ConfigError, match=r"nvml.slow_fields_s = 0.5: must be intervals.nvml \(1.0\)"):
+        load("nvml:\n  slow_fields_s: 0.5\n")
+    assert load("intervals:\n  nvml: 2.0\nnvml:\n  slow_fields_s: 2.0\n").nvml_slow_every == 1
+    assert load("intervals:\n  nvml: 3.0\n").nvml_slow_every == 3              # 10 s in 3 s samples
     config = load("")
     assert config.intervals.ethtool_pfc == 0.1 and config.gateway.max_buffered == node_mod.DEFAULT_MAX_BUFFERED
+    assert (config.nvml.slow_fields_s, config.nvml_slow_every) == (10.0, 10)
     assert config.source_name == socket.gethostname()
 
 
