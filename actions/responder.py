@@ -110,6 +110,13 @@ def action_target(action: str, event: ev.AnomalyEvent) -> EntityRef | None:
     return None
 
 
+def blast_radius_key(target: EntityRef) -> str:
+    """What the breaker counts: the node (restarting a job without node X touches X) or the port."""
+    if target.node:
+        return EntityRef(cluster=target.cluster, node=target.node).path()
+    return target.path()
+
+
 def affected_jobs(event: ev.AnomalyEvent) -> tuple[str, ...]:
     return tuple(sorted({event.entity.job, *(r.job for r in event.related)} - {""}))
 
@@ -176,7 +183,7 @@ class Responder:
         path = target.path()
         if not mode.cooldown.ready(action, path, now_s):
             return ev.OUTCOME_SKIPPED_COOLDOWN, f"{action} on {path} within the last {mode.cooldown.cooldown_s:g} s"
-        if action in DISRUPTIVE and not mode.breaker.admit(target.cluster, path, now_s):
+        if action in DISRUPTIVE and not mode.breaker.admit(target.cluster, blast_radius_key(target), now_s):
             return (ev.OUTCOME_REFUSED_BREAKER,
                     f"blast-radius limit: {mode.breaker.in_window(target.cluster, now_s)} targets in "
                     f"{target.cluster or 'the cluster'} acted on within {mode.breaker.window_s:g} s "
@@ -314,7 +321,7 @@ class Responder:
             return
         mode.cooldown.charge(record.action, path, at_s)
         if restoring and record.action in DISRUPTIVE:   # live decisions were admitted by the breaker
-            mode.breaker.charge(target.cluster, path, at_s)
+            mode.breaker.charge(target.cluster, blast_radius_key(target), at_s)
         if record.action in HELD:
             mode.held[(record.action, path)] = _Held(record.action, target, record.idempotency_key, record.shadow,
                                                      record.anomaly_dedup_key)

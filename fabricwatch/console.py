@@ -41,8 +41,12 @@ class LiveView:
         self.recent: deque[str] = deque(maxlen=max_recent)
         self.counts: Counter[str] = Counter()
         self.status = ""
+        self._seen_ids: deque[str] = deque(maxlen=4096)   # at-least-once delivery: show each event once
 
     def add(self, event: ev.AnomalyEvent) -> None:
+        if event.id and event.id in self._seen_ids:
+            return
+        self._seen_ids.append(event.id)
         self.counts[event.kind] += event.lifecycle == ev.LIFECYCLE_OPEN
         if event.lifecycle == ev.LIFECYCLE_RESOLVED:
             self.open.pop(event.dedup_key, None)

@@ -87,7 +87,7 @@ def describe(record: ev.ActionDecision) -> str:
         ev.OUTCOME_UNKNOWN: "outcome unknown (restart)",
     }.get(record.outcome, ev.Outcome.Name(record.outcome))
     detail = f" - {record.reason}" if record.reason and record.outcome != ev.OUTCOME_SHADOW else ""
-    return f"{record.action} {_target_path(record)}: {outcome}{detail}"
+    return f"{record.action} {_target_path(record) or record.anomaly_dedup_key}: {outcome}{detail}"
 
 
 def _log_decision(record: ev.ActionDecision) -> None:

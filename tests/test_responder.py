@@ -281,3 +281,19 @@ def test_a_flood_of_forged_storms_across_the_fabric_acts_on_at_most_the_blast_ra
             if d.request is not None:
                 started.append(d.request.target.node)
     assert len(set(started)) == policy.guards.breaker.limit == 10
+
+
+def test_the_breaker_counts_nodes_not_actions_a_restart_without_a_node_is_that_node():
+    policy = parse_policy(EXECUTE_DRAIN.replace("execute: [drain_node, requeue_jobs]",
+                                                "execute: [drain_node, requeue_jobs, exclude_and_restart]"))
+    r = Responder(policy)
+    straggler = ev.AnomalyEvent(id="s1", dedup_key="straggler:c1/job=j1/rank=3", kind="straggler",
+                                severity=ev.SEVERITY_WARNING, lifecycle=ev.LIFECYCLE_OPEN, onset_unix_ns=T0,
+                                cause_code="thermal",
+                                entity=ev.EntityPath(cluster="c1", node="node-7", device="gpu3", rank="3", job="j1"))
+    assert outcomes(r.on_anomaly(straggler, T0))[1] == ("exclude_and_restart", "STARTED")
+    # node-7 is already in the window: its storm drain is free; node-8 is the second node
+    assert [o for a, o in outcomes(r.on_anomaly(storm(node="node-7"), T0)) if a == "drain_node"] == ["STARTED"]
+    assert [o for a, o in outcomes(r.on_anomaly(storm(node="node-8"), T0)) if a == "drain_node"] == ["STARTED"]
+    assert [o for a, o in outcomes(r.on_anomaly(storm(node="node-9"), T0)) if a == "drain_node"] == \
+        ["REFUSED_BREAKER"]
