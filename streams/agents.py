@@ -39,5 +39,5 @@ def register(app: faust.App, stages: StageHandlers) -> None:
 
     @app.timer(CLUSTER_TIMER_S)
     async def expire_cluster_state():
-        # Event time of the newest sample would be better; wall clock is close for live data.
+        # The pipeline caps this wall clock at the newest sample's event time (catch-up safe).
         await send_all(app.anomalies_topic, stages.on_timer(time.time_ns()))
