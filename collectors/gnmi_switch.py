@@ -573,6 +573,37 @@ class StreamStalled(ConnectionError):
     pass
 
 
+
+async def open_channel(settings: SwitchSettings, options: list[tuple[str, object]] | None = None) -> grpc.aio.Channel:
+    """A `grpc.aio` channel to a switch: plaintext (loopback only, checked at config time),
+    or TLS with its CA, optional mTLS, and `skip_verify` pinning the presented certificate."""
+    tls = settings.tls
+    options = list(options or [])
+    if tls.plaintext:
+        return grpc.aio.insecure_channel(settings.target, options=options)
+    root = None
+    if tls.ca:
+        with open(tls.ca, "rb") as fh:
+            root = fh.read()
+    name = tls.server_name
+    if tls.skip_verify:
+        log.warning("%s: skip_verify is set: accepting the certificate %s presents without verification",
+                    settings.name, settings.target)
+        host, port = split_target(settings.target)
+        root, presented = await asyncio.to_thread(fetch_server_certificate, host, port, 10.0,
+                                                  tls.client_cert, tls.client_key)
+        name = name or presented
+    key = chain = None
+    if tls.client_cert:
+        with open(tls.client_cert, "rb") as fh:
+            chain = fh.read()
+        with open(tls.client_key or tls.client_cert, "rb") as fh:
+            key = fh.read()
+    if name:
+        options.append(("grpc.ssl_target_name_override", name))
+    creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
+    return grpc.aio.secure_channel(settings.target, creds, options=options)
+
 class SwitchCollector:
     """Streams one switch for as long as `run` runs; calls `emit(snapshot)` once per tick."""
 
@@ -627,31 +658,7 @@ class SwitchCollector:
                 pass
 
     async def _channel(self) -> grpc.aio.Channel:
-        tls = self.settings.tls
-        options = [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)]
-        if tls.plaintext:
-            return grpc.aio.insecure_channel(self.settings.target, options=options)
-        root = None
-        if tls.ca:
-            with open(tls.ca, "rb") as fh:
-                root = fh.read()
-        name = tls.server_name
-        if tls.skip_verify:
-            log.warning("%s: skip_verify is set: accepting the certificate %s presents without verification",
-                        self.settings.name, self.settings.target)
-            root, presented = await asyncio.to_thread(fetch_server_certificate, self.host, self.port, 10.0,
-                                                      tls.client_cert, tls.client_key)
-            name = name or presented
-        key = chain = None
-        if tls.client_cert:
-            with open(tls.client_cert, "rb") as fh:
-                chain = fh.read()
-            with open(tls.client_key or tls.client_cert, "rb") as fh:
-                key = fh.read()
-        if name:
-            options.append(("grpc.ssl_target_name_override", name))
-        creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
-        return grpc.aio.secure_channel(self.settings.target, creds, options=options)
+        return await open_channel(self.settings, [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)])
 
     async def _session(self, stop: asyncio.Event) -> None:
         metadata = auth_metadata(self.settings, self.profile)

@@ -656,17 +656,44 @@ def _mpi_available() -> bool:
 
 def start_worker_in(tmp_path: Path, bootstrap: str, app_id: str) -> subprocess.Popen:
     """`fabricwatch worker` as deployed, run in tmp_path (its Faust data dir goes there)."""
-    ready = tmp_path / f"{app_id}.ready"
-    log = open(tmp_path / f"{app_id}.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "fabricwatch.cli", "worker", "--broker", bootstrap,
-                             "--app-id", app_id], stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
-                            env={**os.environ, "FABRICWATCH_WORKER_READY_FILE": str(ready)})
-    deadline = time.monotonic() + 120
-    while not ready.exists():
-        assert proc.poll() is None, (tmp_path / f"{app_id}.log").read_text()[-3000:]
-        assert time.monotonic() < deadline, "worker did not join its group in 120 s"
-        time.sleep(0.2)
-    return proc
+    from test_pipeline_kafka import start_worker
+
+    return start_worker(bootstrap, tmp_path, app_id, cwd=tmp_path)
+
+
+def print_busy_ratios(reports: list[dict], steps: int, step_col: int, busy_col: int) -> None:
+    """Busy time / job median, per rank and step: shown with -s, and on failure."""
+    for s in range(steps):
+        busy = [rep["steps"][s][busy_col] for rep in reports]
+        median = sorted(busy)[1:3]
+        print(f"step {s:2d}: {reports[0]['steps'][s][step_col]:.2f} s, busy/median",
+              " ".join(f"{b / (sum(median) / 2):.2f}" for b in busy))
+
+
+async def assert_straggler_named(bootstrap: str, tmp_path: Path, app_id: str, job_id: str, reports: list[dict],
+                                 slow_rank: int, slow_from: int) -> ev.AnomalyEvent:
+    """The job's straggler events name exactly `slow_rank`, its node and GPU, within a few steps."""
+    from test_pipeline_kafka import collect_anomalies
+
+    def named(found):
+        return any(e.kind == "straggler" and e.entity.job == job_id for _, e in found)
+
+    found = await collect_anomalies(bootstrap, named, 90, group=f"reader-{app_id}")
+    mine = [e for _, e in found if e.kind == "straggler" and e.entity.job == job_id]
+    assert mine, f"no straggler event for {job_id}; worker log:\n" + \
+        (tmp_path / f"{app_id}.log").read_text()[-3000:]
+    assert {e.entity.rank for e in mine} == {str(slow_rank)}, [e.summary for e in mine]
+    opened = mine[0]
+    assert opened.lifecycle == ev.LIFECYCLE_OPEN and opened.entity.cluster == "it"
+    slow_ident = reports[slow_rank]["identity"]
+    assert opened.entity.node == slow_ident["node"] and opened.entity.device == f"gpu{slow_ident['local_gpu']}"
+    delay = {e.name: e for e in opened.evidence}["detection_delay_steps"]
+    first, named_at = map(int, re.search(r"first flagged step (\d+), named at step (\d+)", delay.detail).groups())
+    assert slow_from <= first <= slow_from + 2 and named_at <= slow_from + 5, delay.detail
+    starts = {s[0]: s[1] for s in reports[0]["steps"]}
+    assert opened.onset_unix_ns >= starts[slow_from] - 500_000_000
+    print(f"straggler named: {opened.summary} (first flagged step {first}, named at step {named_at})")
+    return opened
 
 
 @pytest.mark.kafka
@@ -675,8 +702,6 @@ async def test_mpi_job_with_a_slowed_rank_is_named_a_straggler(kafka_bootstrap, 
     Kafka -> `fabricwatch worker` -> a straggler event naming exactly rank 2 of this job."""
     if not _mpi_available():
         pytest.skip(MPI_MISSING)
-    from test_pipeline_kafka import collect_anomalies
-
     from fabricwatch.streams import topics
     from fabricwatch.streams.gateway import serve
 
@@ -714,35 +739,13 @@ async def test_mpi_job_with_a_slowed_rank_is_named_a_straggler(kafka_bootstrap, 
         print(f"mpirun job: {time.monotonic() - t0:.1f} s")
         assert rc == 0, log_path.read_text()[-4000:]
         reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
-        for s in range(steps):   # busy time / job median, per rank: shown with -s, and on failure
-            busy = [rep["steps"][s][4] for rep in reports]
-            median = sorted(busy)[1:3]
-            print(f"step {s:2d}: {reports[0]['steps'][s][3]:.2f} s, busy/median",
-                  " ".join(f"{b / (sum(median) / 2):.2f}" for b in busy))
+        print_busy_ratios(reports, steps, step_col=3, busy_col=4)
         for r, rep in enumerate(reports):
             assert rep["identity"]["rank"] == r and rep["identity"]["job_id"] == job_id
             assert rep["identity"]["launcher"] == "openmpi"
             assert rep["stats"]["sent"] == steps, rep["stats"]       # all acked, the last ones by the exit flush
             assert rep["stats"]["dropped_buffer_full"] == 0 and rep["stats"]["buffered"] == 0
-
-        def named(found):
-            return any(e.kind == "straggler" and e.entity.job == job_id for _, e in found)
-
-        found = await collect_anomalies(kafka_bootstrap, named, 90, group=f"reader-{app_id}")
-        mine = [e for _, e in found if e.kind == "straggler" and e.entity.job == job_id]
-        assert mine, f"no straggler event for {job_id}; worker log:\n" + \
-            (tmp_path / f"{app_id}.log").read_text()[-3000:]
-        assert {e.entity.rank for e in mine} == {str(slow_rank)}, [e.summary for e in mine]
-        opened = mine[0]
-        assert opened.lifecycle == ev.LIFECYCLE_OPEN and opened.entity.cluster == "it"
-        slow_ident = reports[slow_rank]["identity"]
-        assert opened.entity.node == slow_ident["node"] and opened.entity.device == f"gpu{slow_ident['local_gpu']}"
-        delay = {e.name: e for e in opened.evidence}["detection_delay_steps"]
-        first, named_at = map(int, re.search(r"first flagged step (\d+), named at step (\d+)", delay.detail).groups())
-        assert slow_from <= first <= slow_from + 2 and named_at <= slow_from + 5, delay.detail
-        starts = {s[0]: s[1] for s in reports[0]["steps"]}
-        assert opened.onset_unix_ns >= starts[slow_from] - 500_000_000
-        print(f"straggler named: {opened.summary} (first flagged step {first}, named at step {named_at})")
+        await assert_straggler_named(kafka_bootstrap, tmp_path, app_id, job_id, reports, slow_rank, slow_from)
     finally:
         if job is not None and job.returncode is None:
             job.kill()

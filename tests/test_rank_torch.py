@@ -16,16 +16,14 @@ import asyncio
 import importlib.util
 import json
 import os
-import re
 import subprocess
 import sys
 import time
 import uuid
 
 import pytest
-from test_rank_sdk import TESTS, start_worker_in
+from test_rank_sdk import TESTS, assert_straggler_named, print_busy_ratios, start_worker_in
 
-from fabricwatch.protos.v1 import events_pb2 as ev
 
 TORCH_MISSING = ("needs PyTorch, which CI does not install (several GB of wheels): "
                  "python3 -m venv --system-site-packages /tmp/torchvenv && /tmp/torchvenv/bin/pip install torch; "
@@ -40,8 +38,6 @@ async def test_torch_ddp_job_with_a_slowed_rank_is_named_a_straggler(kafka_boots
     """4 gloo ranks under DDP, a real all-reduce of the gradient bucket every step, rank 2
     slowed from step 10; `instrument_torch` -> gateway -> Kafka -> worker -> a straggler
     event naming exactly rank 2 of this job, with its node and GPU."""
-    from test_pipeline_kafka import collect_anomalies
-
     from fabricwatch.streams import topics
     from fabricwatch.streams.gateway import serve
 
@@ -74,11 +70,7 @@ async def test_torch_ddp_job_with_a_slowed_rank_is_named_a_straggler(kafka_boots
         print(f"torch job: {time.monotonic() - t0:.1f} s")
         assert rc == 0, log_path.read_text()[-4000:]
         reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(RANKS)]
-        for s in range(STEPS):   # busy time / job median, per rank: shown with -s, and on failure
-            busy = [rep["steps"][s][5] for rep in reports]
-            median = sorted(busy)[1:3]
-            print(f"step {s:2d}: {reports[0]['steps'][s][4]:.2f} s, busy/median",
-                  " ".join(f"{b / (sum(median) / 2):.2f}" for b in busy))
+        print_busy_ratios(reports, STEPS, step_col=4, busy_col=5)
         for r, rep in enumerate(reports):
             ident = rep["identity"]
             assert (ident["job_id"], ident["rank"], ident["world_size"], ident["local_gpu"], ident["launcher"]) == \
@@ -94,25 +86,9 @@ async def test_torch_ddp_job_with_a_slowed_rank_is_named_a_straggler(kafka_boots
                 assert sdk_step == step and own_s - 0.1 <= step_s <= own_s + 0.002, (r, step, step_s, own_s)
                 assert busy_s > 0 and wait_s >= 0 and busy_s + wait_s == pytest.approx(step_s)
 
-        def named(found):
-            return any(e.kind == "straggler" and e.entity.job == job_id for _, e in found)
-
-        found = await collect_anomalies(kafka_bootstrap, named, 90, group=f"reader-{app_id}")
-        mine = [e for _, e in found if e.kind == "straggler" and e.entity.job == job_id]
-        assert mine, f"no straggler event for {job_id}; worker log:\n" + \
-            (tmp_path / f"{app_id}.log").read_text()[-3000:]
-        assert {e.entity.rank for e in mine} == {str(SLOW_RANK)}, [e.summary for e in mine]
-        opened = mine[0]
-        assert opened.lifecycle == ev.LIFECYCLE_OPEN and opened.entity.cluster == "it"
-        slow_ident = reports[SLOW_RANK]["identity"]
-        assert opened.entity.node == slow_ident["node"] and opened.entity.device == f"gpu{slow_ident['local_gpu']}"
-        delay = {e.name: e for e in opened.evidence}["detection_delay_steps"]
-        first, named_at = map(int, re.search(r"first flagged step (\d+), named at step (\d+)", delay.detail).groups())
-        assert SLOW_FROM <= first <= SLOW_FROM + 2 and named_at <= SLOW_FROM + 5, delay.detail
-        starts = {s[0]: s[1] for s in reports[0]["steps"]}
-        assert opened.onset_unix_ns >= starts[SLOW_FROM] - 500_000_000
-        print(f"straggler named: {opened.summary} (first flagged step {first}, named at step {named_at}; "
-              f"torch {reports[0]['torch']})")
+        opened = await assert_straggler_named(kafka_bootstrap, tmp_path, app_id, job_id, reports, SLOW_RANK,
+                                              SLOW_FROM)
+        print(f"torch {reports[0]['torch']}: {opened.summary}")
     finally:
         if job is not None and job.returncode is None:
             job.kill()

@@ -22,7 +22,6 @@ cannot set anything. `execute` never raises: RPC and connection errors come back
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import ssl
@@ -43,10 +42,10 @@ from fabricwatch.collectors.gnmi_profiles import compile_profile
 from fabricwatch.collectors.gnmi_switch import (
     SwitchSettings,
     auth_metadata,
-    fetch_server_certificate,
     gnmi_pb2,
     gnmi_pb2_grpc,
     is_loopback,
+    open_channel,
     split_target,
 )
 
@@ -93,34 +92,6 @@ def read_bool(value: gnmi_pb2.TypedValue) -> bool | None:
         text = getattr(value, kind).strip().lower()
         return {"true": True, "false": False}.get(text)
     return None
-
-
-async def open_channel(settings: SwitchSettings) -> grpc.aio.Channel:
-    """A `grpc.aio` channel to the switch, TLS as the collector does it (see module doc)."""
-    tls = settings.tls
-    if tls.plaintext:
-        return grpc.aio.insecure_channel(settings.target)
-    host, port = split_target(settings.target)
-    root = None
-    if tls.ca:
-        with open(tls.ca, "rb") as fh:
-            root = fh.read()
-    name = tls.server_name
-    if tls.skip_verify:
-        log.warning("%s: skip_verify is set: accepting the certificate %s presents without verification",
-                    settings.name, settings.target)
-        root, presented = await asyncio.to_thread(fetch_server_certificate, host, port, 10.0,
-                                                  tls.client_cert, tls.client_key)
-        name = name or presented
-    key = chain = None
-    if tls.client_cert:
-        with open(tls.client_cert, "rb") as fh:
-            chain = fh.read()
-        with open(tls.client_key or tls.client_cert, "rb") as fh:
-            key = fh.read()
-    options = [("grpc.ssl_target_name_override", name)] if name else []
-    creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
-    return grpc.aio.secure_channel(settings.target, creds, options=options)
 
 
 class SwitchPortExecutor:
