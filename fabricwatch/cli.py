@@ -72,7 +72,10 @@ def cmd_worker(args) -> int:
     settings = WorkerSettings(bootstrap=args.broker, app_id=args.app_id,
                               ready_file=os.environ.get("FABRICWATCH_WORKER_READY_FILE", ""),
                               state_dir=str(args.state_dir) if args.state_dir else "",
-                              checkpoint_interval_s=args.checkpoint_interval)
+                              checkpoint_interval_s=args.checkpoint_interval,
+                              rebuild_telemetry_lookback_s=args.rebuild_telemetry_lookback,
+                              rebuild_pause_states_lookback_s=args.rebuild_pause_states_lookback,
+                              rebuild_rank_steps_lookback_s=args.rebuild_rank_steps_lookback)
     run_worker(settings, _detection_config(args), _load_topology(args.topology), loglevel=args.log_level,
                log_format=args.log_format)
     return 0
@@ -247,6 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--state-dir", type=Path, default=None,
                     help="keep detection-state checkpoints here (survive restarts); default: none")
     sp.add_argument("--checkpoint-interval", type=float, default=30.0, help="seconds between checkpoints")
+    for topic, default in (("telemetry", 15.0), ("pause-states", 600.0), ("rank-steps", 300.0)):
+        sp.add_argument(f"--rebuild-{topic}-lookback", type=float, default=default, metavar="SECONDS",
+                        help=f"on taking over a {topic} partition with no state for it, rebuild the state from "
+                             f"this many seconds of its history (findings suppressed); 0 = off")
     detection_opts(sp)
     metrics_opts(sp, "worker")
     sp.set_defaults(func=cmd_worker)

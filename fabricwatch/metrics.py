@@ -125,6 +125,16 @@ WORKER_CONSUMER_LAG = _metric("worker", Gauge,
     "Kafka highwater minus the worker's position, per assigned topic partition.", ["topic", "partition"])
 WORKER_CHECKPOINT_AGE = _metric("worker", Gauge,
     "fabricwatch_worker_checkpoint_age_seconds", "Age of the detection-state checkpoint file (NaN: none yet).")
+WORKER_REBUILT_RECORDS = _metric("worker", Counter,
+    "fabricwatch_worker_rebuilt_records_total",
+    "Records folded into detection state from a partition's history (takeover, restart), findings suppressed.",
+    ["topic"])
+WORKER_COVERED_RECORDS_SKIPPED = _metric("worker", Counter,
+    "fabricwatch_worker_covered_records_skipped_total",
+    "Redelivered records skipped because the restored detection state already holds them.", ["topic"])
+WORKER_REBUILD_FAILURES = _metric("worker", Counter,
+    "fabricwatch_worker_rebuild_failures_total",
+    "State rebuilds that stopped early (history unreadable or stalled); detection went on live.", ["topic"])
 
 # -- collectors (node, switch, simulator) and their gateway sender ------------------------
 COLLECTOR_SAMPLES = _metric("collector", Counter,

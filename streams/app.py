@@ -22,6 +22,12 @@ class WorkerSettings:
     ready_file: str = ""                     # touched once the first rebalance completes
     state_dir: str = ""                      # detection-state checkpoints; "" = none
     checkpoint_interval_s: float = 30.0
+    # How far before the first live record a partition with no covered state is rebuilt
+    # from (`streams.rebuild`): rates and watchdogs need seconds; the storm locator's
+    # edge-triggered pause states and the straggler's step windows need minutes.
+    rebuild_telemetry_lookback_s: float = 15.0
+    rebuild_pause_states_lookback_s: float = 600.0
+    rebuild_rank_steps_lookback_s: float = 300.0
 
 
 def build_app(settings: WorkerSettings) -> faust.App:

@@ -13,8 +13,11 @@ from fabricwatch.models.topology import Topology
 from . import checkpoint, topics
 from .agents import register
 from .app import WorkerSettings, build_app
+from .coverage import Coverage
 from .handlers import StageHandlers
+from .history import KafkaHistory
 from .pipeline import DetectionConfig, DetectionPipeline
+from .rebuild import StateKeeper
 from .worker_metrics import REFRESH_INTERVAL_S, WorkerMetrics
 
 
@@ -32,25 +35,39 @@ def run_worker(settings: WorkerSettings, detection: DetectionConfig, topology: T
     app = build_app(settings)
     if detection.max_sample_age_s is None:
         detection = dataclasses.replace(detection, max_sample_age_s=LIVE_MAX_SAMPLE_AGE_S)
-    pipeline = DetectionPipeline(detection, topology)
+    pipeline, coverage = DetectionPipeline(detection, topology), Coverage()
     ckpt = Path(settings.state_dir) / f"{settings.app_id}.checkpoint" if settings.state_dir else None
+    restored = checkpoint.load(ckpt, pipeline) if ckpt is not None else None
+    if restored is not None:
+        pipeline, coverage = restored.pipeline, Coverage(restored.offsets)
+        log.warning("restored detection state from %s (%d snapshots seen before, %d partitions covered)", ckpt,
+                    pipeline.stats["snapshots"], len(coverage.offsets))
+    keeper = StateKeeper(coverage, KafkaHistory(settings.bootstrap), {
+        topics.TELEMETRY: settings.rebuild_telemetry_lookback_s,
+        topics.PAUSE_STATES: settings.rebuild_pause_states_lookback_s,
+        topics.RANK_STEPS: settings.rebuild_rank_steps_lookback_s})
+
+    @app.on_partitions_assigned.connect
+    async def _check_coverage(sender, *args, **kwargs) -> None:
+        coverage.on_assignment()
+
     if ckpt is not None:
-        restored = checkpoint.load(ckpt, pipeline)
-        if restored is not None:
-            pipeline = restored
-            log.warning("restored detection state from %s (%d snapshots seen before)", ckpt,
-                        pipeline.stats["snapshots"])
+        async def save_checkpoint() -> None:
+            async with keeper.lock:
+                payload = checkpoint.dumps(pipeline, coverage.offsets)
+            await app.producer.flush()       # what the payload covers has been emitted before it is on disk
+            checkpoint.write(payload, ckpt)
 
         @app.timer(settings.checkpoint_interval_s)
         async def _checkpoint() -> None:
-            checkpoint.save(pipeline, ckpt)
+            await save_checkpoint()
 
         @app.on_before_shutdown.connect
         async def _final_checkpoint(sender, **kwargs) -> None:
-            checkpoint.save(pipeline, ckpt)
+            await save_checkpoint()
 
     handlers = StageHandlers(pipeline)
-    register(app, handlers)
+    register(app, handlers, keeper)
     worker_metrics = WorkerMetrics(app, handlers, pipeline, ckpt)
 
     @app.timer(REFRESH_INTERVAL_S)

@@ -28,10 +28,10 @@ def test_restart_mid_storm_neither_reopens_nor_loses_the_resolution(tmp_path):
     first = DetectionPipeline(topology=topo)
     before = run(first, ticks[:30])                       # the storm is open at 3.0 s
     path = tmp_path / "w.checkpoint"
-    assert checkpoint.save(first, path) > 0
+    assert checkpoint.save(first, path, {("fabricwatch.telemetry.v1", 3): 41}) > 0
     restored = checkpoint.load(path, DetectionPipeline(topology=topo))
-    assert restored is not None
-    after = run(restored, ticks[30:])
+    assert restored is not None and restored.offsets == {("fabricwatch.telemetry.v1", 3): 41}
+    after = run(restored.pipeline, ticks[30:])
     assert before + after == uninterrupted
     assert ("pfc_storm", "open") not in after
 
@@ -47,4 +47,10 @@ def test_checkpoint_for_another_configuration_or_garbage_is_ignored(tmp_path):
     path.write_bytes(b"\x80garbage")
     assert checkpoint.load(path, DetectionPipeline(topology=topo)) is None
     path.write_bytes(pickle.dumps(("someone-else/1", "x", object())))
+    assert checkpoint.load(path, DetectionPipeline(topology=topo)) is None
+    # the format before offsets were recorded: ignored, never half-loaded
+    path.write_bytes(pickle.dumps(("fabricwatch-pipeline-checkpoint/1", checkpoint._fingerprint(p), p)))
+    assert checkpoint.load(path, DetectionPipeline(topology=topo)) is None
+    # offsets that are not (topic, partition) -> non-negative offset
+    path.write_bytes(pickle.dumps((checkpoint.FORMAT, checkpoint._fingerprint(p), p, {("t", 0): -5})))
     assert checkpoint.load(path, DetectionPipeline(topology=topo)) is None

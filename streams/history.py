@@ -1,0 +1,76 @@
+"""Read one partition's past records, outside the worker's consumer group.
+
+Used by `streams.rebuild` to fold the records another worker processed into this worker's
+detection state. A plain aiokafka consumer with no group: it commits nothing and joins no
+rebalance, so reading history cannot disturb the group that moves the live records.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+FETCH_TIMEOUT_MS = 500
+MAX_RECORDS_PER_FETCH = 1000
+# The broker holds a fetch this long for data; aiokafka's 500 ms default made every rebuild
+# wait half a second after each seek.
+FETCH_MAX_WAIT_MS = 20
+
+
+class HistoryStalled(RuntimeError):
+    """The broker returned nothing for longer than the stall timeout."""
+
+
+class KafkaHistory:
+    """Offsets by time and records by offset range, for any partition."""
+
+    def __init__(self, bootstrap: str, stall_timeout_s: float = 10.0) -> None:
+        self.bootstrap = bootstrap
+        self.stall_timeout_s = stall_timeout_s
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def _get(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
+                                        auto_offset_reset="earliest", fetch_max_wait_ms=FETCH_MAX_WAIT_MS)
+            await consumer.start()
+            self._consumer = consumer
+        return self._consumer
+
+    async def offset_at(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
+        """The first offset whose record timestamp is >= `timestamp_ms`; None when there is none."""
+        consumer = await self._get()
+        tp = TopicPartition(topic, partition)
+        found = await consumer.offsets_for_times({tp: max(0, int(timestamp_ms))})
+        return found[tp].offset if found.get(tp) is not None else None
+
+    async def read(self, topic: str, partition: int, start: int, end: int) -> AsyncIterator[tuple[int, bytes]]:
+        """(offset, value) of the records in [start, end); offsets the log no longer has are skipped."""
+        consumer = await self._get()
+        tp = TopicPartition(topic, partition)
+        consumer.assign([tp])
+        consumer.seek(tp, start)
+        stalled_at = time.monotonic() + self.stall_timeout_s
+        while True:
+            batch = await consumer.getmany(tp, timeout_ms=FETCH_TIMEOUT_MS, max_records=MAX_RECORDS_PER_FETCH)
+            records = batch.get(tp, [])
+            if not records:
+                if await consumer.position(tp) >= end:
+                    return
+                if time.monotonic() > stalled_at:
+                    raise HistoryStalled(f"{topic}[{partition}]: nothing read for {self.stall_timeout_s} s "
+                                         f"before offset {end}")
+                continue
+            stalled_at = time.monotonic() + self.stall_timeout_s
+            for record in records:
+                if record.offset >= end:
+                    return
+                yield record.offset, record.value
+            if records[-1].offset >= end - 1:
+                return
+
+    async def close(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
