@@ -12,8 +12,11 @@ consumer of its own, read up to the end offsets taken when it subscribed; live e
 from those offsets on follow, so nothing is delivered twice or skipped in between.
 
 Security is the gateway's: TLS with ``tls=(cert, key)``, bearer tokens checked by
-`streams.auth.TokenAuth` (the same tokens file; its ``sources`` globs are not used here),
-and a server that is not on loopback refuses to start without both::
+`streams.auth.TokenAuth` (the same tokens file), and a server that is not on loopback
+refuses to start without both. A token's ``sources`` globs scope what it reads: an event
+is shown only when its entity's node or switch (an action's target's) matches one of them,
+so a rack's collector token cannot watch the rest of the fleet; a platform service that
+needs everything gets a token with ``["*"]``::
 
     async with FeedServer("127.0.0.1:9092", "127.0.0.1:50071") as feed:
         await stop.wait()
@@ -22,7 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ipaddress
+import dataclasses
+import fnmatch
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from fabricwatch.netaddr import is_loopback, split_host_port
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import feed_pb2 as fpb
 from fabricwatch.protos.v1 import feed_pb2_grpc as fpb_grpc
@@ -62,6 +67,7 @@ class Subscription:
     include_actions: bool = False
     include_audit: bool = False
     replay_seconds: int = 0
+    scope: tuple[str, ...] = ("*",)    # the token's source globs (`streams.auth.Collector.sources`)
 
     @classmethod
     def from_request(cls, request: fpb.SubscribeRequest, max_replay_s: int) -> Subscription:
@@ -84,10 +90,16 @@ class Subscription:
         if isinstance(message, ev.AnomalyEvent):
             return (self._kind_ok(message.kind) and message.severity >= self.min_severity
                     and self._cluster_ok(message.entity.cluster)
-                    and self._job_ok([message.entity, *message.related]))
+                    and self._job_ok([message.entity, *message.related]) and self._scope_ok(message.entity))
         wanted = self.include_actions if event.topic_kind == "action" else self.include_audit
         return (wanted and self._kind_ok(message.anomaly_kind) and self._cluster_ok(message.target.cluster)
-                and self._job_ok([message.target]))
+                and self._job_ok([message.target]) and self._scope_ok(message.target))
+
+    def _scope_ok(self, entity: ev.EntityPath) -> bool:
+        if "*" in self.scope:
+            return True
+        name = entity.node or entity.switch
+        return bool(name) and any(fnmatch.fnmatchcase(name, glob) for glob in self.scope)
 
     def _kind_ok(self, kind: str) -> bool:
         return not self.kinds or kind in self.kinds
@@ -337,21 +349,23 @@ class EventFeedService(fpb_grpc.EventFeedServicer):
         self.max_replay_s = max_replay_s
         self.max_subscriptions = max_subscriptions
 
-    def _authenticated(self, context: grpc.aio.ServicerContext) -> bool:
+    def _scope(self, context: grpc.aio.ServicerContext) -> tuple[str, ...] | None:
+        """The caller's source globs; None when its token is missing or unknown."""
         if self.auth is None:
-            return True
+            return ("*",)
         metadata = dict(context.invocation_metadata() or ())
         header = metadata.get("authorization", "")
-        token = header[7:] if header.lower().startswith("bearer ") else ""
-        return self.auth.identify(token) is not None
+        collector = self.auth.identify(header[7:] if header.lower().startswith("bearer ") else "")
+        return collector.sources if collector is not None else None
 
     async def Subscribe(self, request: fpb.SubscribeRequest, context) -> AsyncIterator[fpb.FeedEvent]:
         stats = self.hub.stats
-        if not self._authenticated(context):
+        scope = self._scope(context)
+        if scope is None:
             stats.refused_unauthenticated += 1
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or unknown token")
         try:
-            subscription = Subscription.from_request(request, self.max_replay_s)
+            subscription = dataclasses.replace(Subscription.from_request(request, self.max_replay_s), scope=scope)
         except ValueError as exc:
             stats.refused_invalid += 1
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -375,21 +389,6 @@ class EventFeedService(fpb_grpc.EventFeedServicer):
             self.hub.remove(subscriber)
 
 
-def is_loopback(listen: str) -> bool:
-    """Whether ``host:port`` listens on loopback only.
-
-    >>> [is_loopback(a) for a in ("127.0.0.1:1", "[::1]:1", "localhost:1", "localhost.example.com:1", "0.0.0.0:1")]
-    [True, True, True, False, False]
-    """
-    host = listen.rsplit(":", 1)[0]
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.removeprefix("[").removesuffix("]")).is_loopback
-    except ValueError:
-        return False
-
-
 class FeedServer:
     """The feed's Kafka consumer and gRPC server, started and stopped together.
 
@@ -400,7 +399,7 @@ class FeedServer:
     def __init__(self, bootstrap: str, listen: str = DEFAULT_LISTEN, *, tls: tuple[str, str] | None = None,
                  client_ca: str | None = None, auth: TokenAuth | None = None, queue_events: int = 1000,
                  max_replay_s: int = 3600, max_subscriptions: int = 100) -> None:
-        if not is_loopback(listen):
+        if not is_loopback(split_host_port(listen, "feed listen address")[0]):
             if tls is None:
                 raise ValueError(f"refusing to serve the feed on {listen} without TLS (only loopback may be plaintext)")
             if auth is None:

@@ -172,6 +172,21 @@ def test_subscription_filters():
     assert sub.topics() == [topics.ANOMALIES, topics.AUDIT]
 
 
+def test_a_tokens_source_globs_scope_what_it_reads():
+    from fabricwatch.streams.cloudevents import FeedEvent
+
+    rack = Subscription(include_actions=True, scope=("node-00*",))
+    assert rack.matches(FeedEvent({}, anomaly("c1", node="node-0001")))
+    assert not rack.matches(FeedEvent({}, anomaly("c1", node="node-0101")))
+    switch_storm = anomaly("c1")
+    switch_storm.entity.CopyFrom(ev.EntityPath(cluster="c1", switch="leaf-1", port="Ethernet4"))
+    assert not rack.matches(FeedEvent({}, switch_storm))
+    assert Subscription(scope=("leaf-*",)).matches(FeedEvent({}, switch_storm))
+    assert not rack.matches(FeedEvent({}, anomaly("c1", job="j1")))        # no node named: only "*" sees it
+    assert Subscription().matches(FeedEvent({}, anomaly("c1", job="j1")))
+    assert rack.matches(FeedEvent({"type": "io.fabricwatch.action.v1.x"}, decision("c1")))   # target node-0002
+
+
 def test_records_are_parsed_by_topic_and_bad_ones_are_counted_and_skipped():
     from types import SimpleNamespace
 
@@ -252,6 +267,29 @@ async def test_two_subscribers_receive_exactly_what_matches(kafka_bootstrap, cre
         assert feed.stats.headerless_records >= 1
         storms.close()
         job.close()
+
+
+@pytest.mark.kafka
+async def test_a_scoped_token_reads_only_its_own_nodes_events(kafka_bootstrap, credentials):
+    cert, key, everything, _ = credentials
+    rack_token = new_token()
+    auth = TokenAuth([Collector("platform", token_digest(everything), ("*",)),
+                      Collector("rack-1", token_digest(rack_token), ("node-0001",))])
+    cluster = f"scope-{uuid.uuid4().hex[:8]}"
+    async with feed_server(kafka_bootstrap, (cert, key, everything, auth)) as feed, \
+            channel(feed, credentials) as stub:
+        platform = Reader(stub, fpb.SubscribeRequest(cluster=cluster), everything).start()
+        rack = Reader(stub, fpb.SubscribeRequest(cluster=cluster), rack_token).start()
+        await subscribed(feed, 2)
+        own, other = anomaly(cluster, node="node-0001"), anomaly(cluster, node="node-0002")
+        async with producer(kafka_bootstrap) as p:
+            for event in (own, other):
+                await send_anomaly(p, event)
+        assert received(await platform.until(2)) == expected((anomaly_type(own), own.id),
+                                                             (anomaly_type(other), other.id))
+        assert received(await rack.until(1, settle_s=0)) == expected((anomaly_type(own), own.id))
+        platform.close()
+        rack.close()
 
 
 @pytest.mark.kafka
