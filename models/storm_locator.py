@@ -29,8 +29,26 @@ How the source is found, per priority:
 
 The grace period keeps a half-arrived picture (a victim's node reported before the
 congested switch did, a victim restored one sample after its source) from inventing a
-root. It runs on event time (the largest ``at_ns`` seen), so call `poll` on a timer when
-no changes arrive.
+root. It runs on event time: the **low watermark** of the sources once the producer sends
+`SourceProgress` records (stage 1 of the pipeline does), else the largest ``at_ns`` seen.
+
+Low watermark. While a worker catches up on a backlog, the switches' telemetry may be
+processed seconds ahead of the nodes'; judged on the newest record, the grace of a picture
+whose pausing NIC has not been read yet would expire and name a leaf port. So the grace
+runs on the minimum, over the *live* sources, of how far each has been processed
+(`SourceProgress`, and every change's ``at_ns``); until a source has reported, it counts as
+not processed past the first record the locator saw (every node and switch of the topology
+is expected). A source is live while it progresses: one that has not advanced while the
+newest source advanced `SOURCE_LIVENESS_MS` (a dead or partitioned node) is dropped from
+the minimum, so its silent-source root is named after grace + liveness, not never; one
+more than `SOURCE_MAX_LAG_MS` behind the newest (a clock far behind) is not waited for
+either. Cost: a few dict operations per source and record (~0.7 µs), and a scan of the
+occupied `WATERMARK_BUCKET_MS` buckets per record (a handful while sources are current).
+Limits: a backlog read so unevenly that a source is not read at all while another advances
+by the liveness window still expires graces early; a source whose clock lags (within the
+maximum lag) delays silent-source and switch roots by its lag (NIC roots never wait); one
+whose clock runs more than the maximum lag ahead makes every other source look lagging,
+and the clock is then that source's, as it was before the watermark.
 
 >>> from fabricwatch.models.topology import rail_optimised
 >>> from fabricwatch.models.findings import EntityRef
@@ -57,6 +75,7 @@ no changes arrive.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from .findings import CRITICAL, OPEN, RESOLVED, UPDATE, EntityRef, Evidence, Finding
@@ -76,6 +95,16 @@ SWITCH_SOURCE_CONFIDENCE = 0.8
 # watchdogs of a source's node and of its leaf confirm within one sampling interval of
 # each other; a second without the source is a silent node, not a race.
 ORPHAN_GRACE_MS = 1000
+# A source that has not progressed while the newest source advanced this much (event
+# time) is not waited for: dead, partitioned, or its partition is not being read. Several
+# seconds of uneven catch-up must fit; a silent source root waits this much longer.
+SOURCE_LIVENESS_MS = 10_000
+# A source this far behind the newest is not waited for even while it progresses (a clock
+# minutes behind must not hold every grace period back by as much).
+SOURCE_MAX_LAG_MS = 60_000
+# Resolution of the low watermark: it may trail the slowest live source by less than this.
+WATERMARK_BUCKET_MS = 10
+_BUCKET_NS = WATERMARK_BUCKET_MS * 1_000_000
 # UPDATE when the victim count reaches this multiple of the last reported count (or
 # goes from none to some): a storm's victims confirm over a few samples, so smaller
 # steps would only repeat the OPEN.
@@ -85,6 +114,91 @@ MAX_NAMES = 8
 
 _NIC, _PORT = "nic", "port"
 NodeKey = tuple[str, str, str]      # ("nic", node, "mlx5_2/1") | ("port", switch, "Ethernet3")
+
+
+@dataclass
+class SourceProgress:
+    """Stage 1 has processed each of these sources of ``cluster`` through the given event time.
+
+    Every `PauseStateChange` of those sources up to that time was emitted before this
+    record, on the same partition: the locator may judge them complete up to there.
+    """
+
+    cluster: str
+    through_ns_by_source: dict[str, int]
+
+
+def _source(ref: EntityRef) -> str:
+    return ref.switch or ref.node
+
+
+class _LowWatermark:
+    """Processed-through time per source and its minimum over the live sources.
+
+    Liveness: an ordered dict of the live sources by the newest time at which each last
+    advanced (oldest first, so expiring pops the front). Minimum: a count of live sources
+    per `WATERMARK_BUCKET_MS` bucket of through time; the watermark is the floor of the
+    lowest bucket (at most a bucket below the exact minimum). An advance is a few dict
+    operations; `settle` scans the occupied buckets, which live sources keep within about
+    one sampling interval of each other (a handful), at most max lag / bucket.
+    """
+
+    def __init__(self, liveness_ns: int, max_lag_ns: int) -> None:
+        self._liveness_ns, self._max_lag_ns = liveness_ns, max_lag_ns
+        self.through_ns: dict[str, int] = {}
+        self._live: OrderedDict[str, int] = OrderedDict()   # source -> newest_ns when it last advanced
+        self._count: dict[int, int] = {}                    # bucket -> live sources processed through it
+        self._unheard: set[str] = set()                     # expected, never reported: any report counts
+        self.newest_ns = 0
+        self.value_ns = 0
+
+    def advance(self, progress) -> None:
+        """Apply (source, through_ns) pairs; a time not past a source's own is a redelivery."""
+        through, live, count, unheard = self.through_ns, self._live, self._count, self._unheard
+        newest = self.newest_ns
+        for source, through_ns in progress:
+            before = through.get(source, -1)
+            if through_ns <= before and not (unheard and source in unheard):
+                continue
+            unheard.discard(source)
+            through[source] = through_ns
+            if through_ns > newest:
+                newest = through_ns
+            bucket = through_ns // _BUCKET_NS
+            if source in live:
+                live.move_to_end(source)
+                old = before // _BUCKET_NS
+                if old == bucket:
+                    live[source] = newest
+                    continue
+                count[old] -= 1                             # emptied buckets go in `settle`
+            count[bucket] = count.get(bucket, 0) + 1
+            live[source] = newest
+        self.newest_ns = newest
+
+    def expect(self, sources, through_ns: int) -> None:
+        """Sources not heard from yet: live from now on, processed through ``through_ns``."""
+        for source in sources:
+            if source not in self.through_ns:
+                self.through_ns[source] = through_ns
+                self._unheard.add(source)
+                self._live[source] = self.newest_ns
+                bucket = through_ns // _BUCKET_NS
+                self._count[bucket] = self._count.get(bucket, 0) + 1
+
+    def settle(self) -> int:
+        """The watermark now: min over live sources, never moving back (newest if none is live)."""
+        live, count = self._live, self._count
+        silent_before = self.newest_ns - self._liveness_ns
+        while live and next(iter(live.values())) < silent_before:
+            source, _ = live.popitem(last=False)
+            count[self.through_ns[source] // _BUCKET_NS] -= 1
+        for bucket in [b for b, n in count.items() if not n]:
+            del count[bucket]
+        lagging_before = (self.newest_ns - self._max_lag_ns) // _BUCKET_NS
+        low = min((b for b in count if b >= lagging_before), default=None)
+        self.value_ns = max(self.value_ns, self.newest_ns if low is None else low * _BUCKET_NS)
+        return self.value_ns
 
 
 def _key(ref: EntityRef) -> NodeKey:
@@ -128,14 +242,25 @@ class StormLocator:
     topology : the fabric; ports it does not know are still reported, without a walk.
     cluster : cluster name for the entities the locator names itself (default: the topology's).
     orphan_grace_ms : how long a silent-source or switch-root picture must hold (event time).
+    source_liveness_ms : a source that has not progressed while the newest source advanced
+        this much is dropped from the low watermark.
+    source_max_lag_ms : a source further behind the newest than this is dropped from it too.
     """
 
-    def __init__(self, topology: Topology, cluster: str = "", orphan_grace_ms: int = ORPHAN_GRACE_MS) -> None:
+    def __init__(self, topology: Topology, cluster: str = "", orphan_grace_ms: int = ORPHAN_GRACE_MS,
+                 source_liveness_ms: int = SOURCE_LIVENESS_MS, source_max_lag_ms: int = SOURCE_MAX_LAG_MS) -> None:
         self.topology = topology
         self.cluster = cluster
         self.orphan_grace_ms = orphan_grace_ms
+        self.source_liveness_ms = source_liveness_ms
+        self.source_max_lag_ms = source_max_lag_ms
         if not 0 <= orphan_grace_ms <= 60_000:
             raise ValueError(f"orphan_grace_ms must be within 0..60000, got {orphan_grace_ms!r}")
+        if not 0 < source_liveness_ms <= 600_000:
+            raise ValueError(f"source_liveness_ms must be within 1..600000, got {source_liveness_ms!r}")
+        if not source_liveness_ms <= source_max_lag_ms <= 3_600_000:
+            raise ValueError(f"source_max_lag_ms must be within source_liveness_ms..3600000, "
+                             f"got {source_max_lag_ms!r}")
         self._cluster = cluster or topology.cluster
         self._grace_ns = orphan_grace_ms * 1_000_000
         self._peer: dict[NodeKey, NodeKey] = {}
@@ -158,7 +283,23 @@ class StormLocator:
         self._held: dict[int, dict[NodeKey, PauseStateChange]] = {}
         self._pausing: dict[int, dict[NodeKey, PauseStateChange]] = {}
         self._storms: dict[tuple[NodeKey, int], _Storm] = {}
-        self._now_ns = 0
+        self._now_ns = 0                # the clock grace periods run on
+        self._watermark = _LowWatermark(self.source_liveness_ms * 1_000_000, self.source_max_lag_ms * 1_000_000)
+        self._on_watermark = False      # set by the first SourceProgress
+
+    def __setstate__(self, state: dict) -> None:
+        # Checkpoints written before the watermark existed load on the newest-record clock.
+        state.setdefault("source_liveness_ms", SOURCE_LIVENESS_MS)
+        state.setdefault("source_max_lag_ms", SOURCE_MAX_LAG_MS)
+        state.setdefault("_watermark", _LowWatermark(state["source_liveness_ms"] * 1_000_000,
+                                                     state["source_max_lag_ms"] * 1_000_000))
+        state.setdefault("_on_watermark", False)
+        self.__dict__.update(state)
+
+    @property
+    def watermark_ns(self) -> int | None:
+        """The low watermark grace periods run on (None until a `SourceProgress` arrived)."""
+        return self._watermark.value_ns if self._on_watermark else None
 
     # -- public ---------------------------------------------------------------------------
     def set_jobs(self, jobs_by_node: dict[str, set[str]]) -> None:
@@ -180,14 +321,42 @@ class StormLocator:
             table[key] = change
         else:
             table.pop(key, None)
-        self._now_ns = max(self._now_ns, change.at_ns)
-        return self._evaluate(change.priority, change.at_ns)
+        self._watermark.advance(((_source(change.entity), change.at_ns),))
+        if not self._on_watermark:
+            self._now_ns = max(self._now_ns, change.at_ns)
+            return self._evaluate(change.priority, change.at_ns)
+        before, self._now_ns = self._now_ns, self._watermark.settle()
+        out = self._evaluate(change.priority, change.at_ns)
+        if self._now_ns > before:                       # other priorities' graces may have run out
+            out += [f for p in self._priorities() if p != change.priority for f in self._evaluate(p, self._now_ns)]
+        return out
+
+    def progress(self, record: SourceProgress) -> list[Finding]:
+        """Stage 1 has processed these sources this far: the low watermark may advance.
+
+        The first record that names a source switches the clock from the newest record to
+        the watermark, and from then on every node and switch of the topology is expected.
+        """
+        self._watermark.advance(record.through_ns_by_source.items())
+        known = self._watermark.through_ns
+        if not self._on_watermark and known:
+            self._on_watermark = True
+            self._watermark.expect(list(self.topology.nodes) + list(self.topology.switches), min(known.values()))
+        before, self._now_ns = self._now_ns, self._watermark.settle()
+        if self._now_ns <= before:
+            return []
+        return [f for p in self._priorities() for f in self._evaluate(p, self._now_ns)]
 
     def poll(self, now_ns: int) -> list[Finding]:
-        """Re-evaluate at event time ``now_ns`` (lets a grace period expire without new records)."""
-        self._now_ns = max(self._now_ns, now_ns)
-        prios = set(self._held) | set(self._pausing) | {p for _, p in self._storms}
-        return [f for p in sorted(prios) for f in self._evaluate(p, self._now_ns)]
+        """Re-evaluate at event time ``now_ns`` (lets a grace period expire without new records).
+
+        On the watermark, ``now_ns`` cannot push the clock: only the sources' progress does.
+        """
+        if self._on_watermark:
+            self._now_ns = self._watermark.settle()
+        else:
+            self._now_ns = max(self._now_ns, now_ns)
+        return [f for p in self._priorities() for f in self._evaluate(p, self._now_ns)]
 
     def open_findings(self) -> list[Finding]:
         """Every open storm as known now (current victims), in the state last emitted."""
@@ -195,6 +364,9 @@ class StormLocator:
                 for s in self._storms.values() if s.last is not None]
 
     # -- topology helpers -----------------------------------------------------------------
+    def _priorities(self) -> list[int]:
+        return sorted(set(self._held) | set(self._pausing) | {p for _, p in self._storms})
+
     def _congested(self, switch: str, prio: int) -> bool:
         held, pausing = self._held.get(prio, {}), self._pausing.get(prio, {})
         for port in self._switch_ports.get(switch, ()):

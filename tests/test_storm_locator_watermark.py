@@ -1,0 +1,319 @@
+"""The storm locator's low watermark: grace periods run on how far every live source has been
+processed (stage 1's `SourceProgress` records), not on the newest record; a silent source is
+dropped from it after the liveness window; stage 1 batches its progress at a bounded rate; the
+record crosses the pause-states topic as JSON."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from fabricwatch.collectors.faults import PfcStorm
+from fabricwatch.collectors.simulator import ClusterSimulator, Job
+from fabricwatch.models.findings import OPEN, EntityRef, Evidence
+from fabricwatch.models.pfc_storm import PAUSED, PAUSING, PauseStateChange
+from fabricwatch.models.storm_locator import (
+    NIC_SOURCE_CONFIDENCE,
+    SILENT_SOURCE_CONFIDENCE,
+    SOURCE_LIVENESS_MS,
+    SOURCE_MAX_LAG_MS,
+    SWITCH_SOURCE_CONFIDENCE,
+    WATERMARK_BUCKET_MS,
+    SourceProgress,
+    StormLocator,
+    _LowWatermark,
+)
+from fabricwatch.models.topology import rail_optimised
+from fabricwatch.streams import pipeline as pipeline_module
+from fabricwatch.streams.codec import RecordError, pause_change_from_json, pause_change_to_json
+from fabricwatch.streams.pipeline import DetectionPipeline
+
+MS = 1_000_000
+T0 = 1_700_000_000_000 * MS              # a realistic event time: nothing may assume it starts at 0
+TOPO = rail_optimised("c1", n_nodes=8, nodes_per_unit=4, n_spines=2)
+NODES = list(TOPO.nodes)
+SWITCHES = list(TOPO.switches)
+SOURCE_NIC = EntityRef("c1", node="node-0003", device="mlx5_2", port="1")       # on leaf-u0-r2 Ethernet2
+HELD_LEAF_PORT = EntityRef("c1", switch="leaf-u0-r2", port="Ethernet2")
+VICTIM_NIC = EntityRef("c1", node="node-0001", device="mlx5_2", port="1")
+
+
+def change(ref, role, at_ms, active=True):
+    name = "rx_pause_duty" if role == PAUSED else "tx_pause_duty"
+    return PauseStateChange(ref, 3, role, active, T0 + (at_ms - 200) * MS, T0 + at_ms * MS,
+                            [Evidence(name, 0.99, 0.8, "s/s")])
+
+
+def progress(sources, at_ms):
+    return SourceProgress("c1", {s: T0 + at_ms * MS for s in sources})
+
+
+def opened(findings):
+    return [(f.entity.path(), f.confidence) for f in findings if f.state == OPEN]
+
+
+# ----------------------------------------------------------------------- the locator
+@pytest.mark.parametrize("on_watermark", [False, True])
+def test_switches_read_ahead_of_the_nodes_name_the_nic_only_on_the_watermark(on_watermark):
+    """The catch-up of issue #7 with hand-built records: the switches' backlog (up to 6 s) is
+    processed before the nodes' (at 1 s). On the newest record the held leaf port's grace
+    runs out and it is named a silent source; on the watermark the nodes hold the clock back
+    until the pausing NIC arrives."""
+    loc = StormLocator(TOPO)
+    out = []
+    if on_watermark:
+        out += loc.progress(progress(NODES + SWITCHES, 1_000))
+    out += loc.update(change(HELD_LEAF_PORT, PAUSED, 1_100))
+    for at_ms in range(1_100, 6_001, 100):                       # the switches' backlog
+        if on_watermark:
+            out += loc.progress(progress(SWITCHES, at_ms))
+        out += loc.poll(T0 + at_ms * MS)                          # the cluster timer meanwhile
+    if on_watermark:
+        assert loc.watermark_ns < T0 + 1_100 * MS
+    out += loc.update(change(VICTIM_NIC, PAUSED, 1_150))           # then the nodes' backlog
+    out += loc.update(change(SOURCE_NIC, PAUSING, 1_200))
+    for at_ms in range(1_200, 3_001, 100):
+        if on_watermark:
+            out += loc.progress(progress(NODES, at_ms))
+        out += loc.poll(T0 + at_ms * MS)
+    nic_root = ("c1/node-0003/mlx5_2/1", NIC_SOURCE_CONFIDENCE)
+    if on_watermark:
+        assert opened(out) == [nic_root]
+    else:
+        assert opened(out) == [("c1/leaf-u0-r2/Ethernet2", SILENT_SOURCE_CONFIDENCE), nic_root]
+
+
+def test_a_node_silent_mid_storm_is_named_through_its_leaf_port_after_grace_and_liveness():
+    """node-0003 stops reporting at 500 ms, just before its NIC would confirm pausing; its leaf
+    port is held from 600 ms. It holds the watermark until it has been silent for the
+    liveness window; then its silent-source root is named, not never."""
+    loc = StormLocator(TOPO)
+    found = []
+    for at_ms in range(0, 13_001, 100):
+        alive = [s for s in NODES + SWITCHES if s != "node-0003" or at_ms <= 500]
+        found += [(at_ms, f) for f in loc.progress(progress(alive, at_ms))]
+        if at_ms == 600:
+            found += [(at_ms, f) for c in (change(HELD_LEAF_PORT, PAUSED, 600), change(VICTIM_NIC, PAUSED, 600))
+                      for f in loc.update(c)]
+        if at_ms == 10_000:                                   # 9.5 s silent: still waited for
+            assert loc.watermark_ns <= T0 + 500 * MS
+    assert [(at, path, conf) for at, f in found for path, conf in opened([f])] == [
+        (10_600, "c1/leaf-u0-r2/Ethernet2", SILENT_SOURCE_CONFIDENCE)]
+    f = next(f for _, f in found if f.state == OPEN)
+    assert 500 + SOURCE_LIVENESS_MS < (f.detected_ns - T0) / MS <= 500 + SOURCE_LIVENESS_MS + 200
+    assert "node-0003 mlx5_2/1" in f.summary and [r.path() for r in f.related] == ["c1/node-0001/mlx5_2/1"]
+
+
+def test_a_source_far_behind_but_progressing_is_still_waited_for():
+    """Uneven catch-up: the switches run 1 s per step, the nodes 0.1 s; after 40 steps the
+    nodes are 36 s behind (far more than the liveness window) yet still progressing, so the
+    grace waits for them and the pausing NIC explains the held leaf port when it arrives."""
+    loc = StormLocator(TOPO)
+    out = loc.update(change(HELD_LEAF_PORT, PAUSED, 1_100))
+    for step in range(40):
+        out += loc.progress(progress(SWITCHES, 1_000 + 1_000 * step))
+        out += loc.progress(progress(NODES, 1_000 + 100 * step))
+        if step == 2:
+            out += loc.update(change(SOURCE_NIC, PAUSING, 1_200))
+    assert (loc._watermark.newest_ns - loc.watermark_ns) / MS > SOURCE_LIVENESS_MS
+    assert opened(out) == [("c1/node-0003/mlx5_2/1", NIC_SOURCE_CONFIDENCE)]
+
+
+def test_a_clock_minutes_behind_does_not_hold_the_grace_back():
+    """node-0008's clock is 2 min behind; every other source is current. A switch-root picture
+    (spine-0 held, nothing congested on the leaf that pauses it) is named after the grace
+    as it would be without node-0008."""
+    loc = StormLocator(TOPO)
+    others = [s for s in NODES + SWITCHES if s != "node-0008"]
+    out = loc.update(change(EntityRef("c1", switch="spine-0", port="Ethernet2"), PAUSED, 200))
+    at_open = None
+    for at_ms in range(0, 2_001, 100):
+        found = loc.progress(progress(others, at_ms)) + loc.progress(progress(["node-0008"], at_ms - 120_000))
+        if found and at_open is None:
+            at_open = at_ms
+        out += found
+    assert opened(out) == [("c1/leaf-u0-r2/Ethernet4", SWITCH_SOURCE_CONFIDENCE)]
+    assert at_open == 1_200
+
+
+def test_sources_of_the_topology_that_never_reported_hold_the_watermark():
+    loc = StormLocator(TOPO)
+    loc.progress(SourceProgress("c1", {}))           # names nobody: the clock does not switch yet
+    assert loc.watermark_ns is None
+    loc.progress(progress(SWITCHES, 0))
+    loc.progress(progress(SWITCHES, 5_000))
+    assert loc.watermark_ns == T0                    # the nodes were expected from the first record on
+    loc.progress(progress(NODES, 4_000))
+    assert loc.watermark_ns == T0 + 4_000 * MS
+
+
+def test_without_progress_records_the_clock_is_the_newest_record():
+    """A producer that sends no progress (an older stage 1) keeps the old behaviour."""
+    loc = StormLocator(TOPO)
+    loc.update(change(HELD_LEAF_PORT, PAUSED, 200))
+    assert loc.watermark_ns is None
+    assert opened(loc.poll(T0 + 1_200 * MS)) == [("c1/leaf-u0-r2/Ethernet2", SILENT_SOURCE_CONFIDENCE)]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_bucketed_minimum_equals_a_brute_force_one(seed):
+    """Random progress, deaths, revivals, lagging clocks: the incremental minimum is the
+    minimum over the live sources (to the bucket), never moving back."""
+    rng = random.Random(seed)
+    liveness_ns, max_lag_ns, bucket_ns = 3_000 * MS, 20_000 * MS, WATERMARK_BUCKET_MS * MS
+    wm = _LowWatermark(liveness_ns, max_lag_ns)
+    sources = [f"s{i}" for i in range(30)]
+    through: dict[str, int] = {}
+    heard: dict[str, int] = {}
+    newest = value = 0
+    clock = {s: T0 + rng.randrange(0, 2_000) * MS for s in sources}
+    offset = {s: -rng.choice([0, 0, 0, 25_000]) * MS for s in sources}     # a few clocks far behind
+    for _ in range(400):
+        batch = []
+        for s in rng.sample(sources, rng.randrange(1, len(sources))):
+            if rng.random() < 0.05:
+                continue                                  # s is silent this round
+            clock[s] += rng.randrange(0, 300) * MS
+            batch.append((s, clock[s] + offset[s] - rng.choice([0, 0, 0, 50 * MS])))   # some redeliveries
+        wm.advance(batch)
+        for s, t in batch:
+            if t > through.get(s, -1):
+                through[s] = t
+                newest = max(newest, t)
+                heard[s] = newest
+        live = [t // bucket_ns for s, t in through.items()
+                if heard[s] >= newest - liveness_ns and t // bucket_ns >= (newest - max_lag_ns) // bucket_ns]
+        value = max(value, min(live) * bucket_ns if live else newest)
+        assert wm.settle() == value
+
+
+# ----------------------------------------------------------------------- stage 1 -> stage 2
+def run_pipeline(seconds, drop=None, interval_s=0.1, faults=()):
+    """Simulated telemetry through `DetectionPipeline.process` in live order; ``drop``:
+    (node, from_s) whose snapshots stop. Returns the pipeline, findings with their tick
+    time, the largest lag of the watermark behind the newest sample after a tick, and every
+    record stage 1 produced."""
+    topo = rail_optimised("sim", n_nodes=8, gpus_per_node=2, nodes_per_unit=4, n_spines=2)
+    jobs = [Job("job-a", ("node-0001", "node-0002", "node-0003", "node-0004"))]
+    sim = ClusterSimulator(topo, seed=5, interval_s=interval_s, jobs=jobs, faults=list(faults), rank_steps=False)
+    pipeline = DetectionPipeline(topology=topo)
+    findings, records, max_lag_ns = [], [], 0
+    process_observe = pipeline.observe
+
+    def observe(snap):                                    # keep what stage 1 emits, in order
+        out = process_observe(snap)
+        records.extend(out.pause_changes)
+        return out
+
+    pipeline.observe = observe
+    for _ in range(int(round(seconds / interval_s))):
+        snaps = sim.tick()
+        tick_ns = sim.now_unix_ns
+        for snap in sorted(snaps, key=lambda s: (s.time_unix_ns, s.source)):
+            if drop and snap.source == drop[0] and snap.time_unix_ns >= sim.start_unix_ns + drop[1] * 1e9:
+                continue
+            findings += [(tick_ns - sim.start_unix_ns, f) for f in pipeline.process(snap)]
+        newest = max(s.time_unix_ns for s in snaps)
+        max_lag_ns = max(max_lag_ns, newest - pipeline.storms.watermark_ns)
+    return pipeline, findings, max_lag_ns, records
+
+
+def test_live_order_watermark_trails_the_newest_sample_by_one_interval():
+    _, _, max_lag_ns, records = run_pipeline(3.0)
+    # one sampling interval, plus the simulated clocks' +-5 ms offsets and the bucket
+    assert max_lag_ns <= (100 + 2 * 5 + WATERMARK_BUCKET_MS) * MS
+    assert any(isinstance(r, SourceProgress) for r in records)
+
+
+def test_pipeline_node_silent_mid_storm_gets_its_silent_source_root_after_grace_and_liveness():
+    """End to end: node-0003 (its NIC mlx5_1/1 the storm's source from 1.0 s) stops reporting
+    at 1.05 s, before its watchdog confirms; its leaf port is named once the node has been
+    silent for the liveness window, and not before."""
+    storm = PfcStorm(sources=(("node-0003", "mlx5_1/1"),), onset_s=1.0, offset_s=20.0)
+    _, findings, _, _ = run_pipeline(12.5, drop=("node-0003", 1.05), faults=[storm])
+    storms = [(t, f) for t, f in findings if f.kind == "pfc_storm" and f.state == OPEN]
+    assert [(f.entity.path(), f.confidence) for _, f in storms] == [
+        ("sim/leaf-u0-r1/Ethernet2", SILENT_SOURCE_CONFIDENCE)]
+    t_ns, f = storms[0]
+    assert 1_000 + SOURCE_LIVENESS_MS <= t_ns / MS <= 1_100 + SOURCE_LIVENESS_MS + 300
+    assert "node-0003 mlx5_1/1" in f.summary
+
+
+def test_stage_1_batches_progress_per_source_in_order_at_a_bounded_rate(monkeypatch):
+    """Sampling (50 ms) faster than the progress interval (here 120 ms): the cluster's first
+    sample is sent at once; afterwards a source's entries are at least the interval apart
+    (not one per sample) and never much further; records are split at
+    MAX_SOURCES_PER_PROGRESS; per source, changes and progress come in event-time order."""
+    interval_ms = 120
+    monkeypatch.setattr(pipeline_module, "_PROGRESS_INTERVAL_NS", interval_ms * MS)
+    monkeypatch.setattr(pipeline_module, "MAX_SOURCES_PER_PROGRESS", 5)
+    storm = PfcStorm(sources=(("node-0003", "mlx5_1/1"),), onset_s=0.5, offset_s=1.5)
+    _, _, _, records = run_pipeline(2.0, interval_s=0.05, faults=[storm])
+    progress_records = [r for r in records if isinstance(r, SourceProgress)]
+    assert progress_records[0].through_ns_by_source and len(progress_records[0].through_ns_by_source) == 1
+    assert all(1 <= len(r.through_ns_by_source) <= 5 for r in progress_records)
+    entries: dict[str, list[int]] = {}
+    timeline: dict[str, list[int]] = {}
+    for r in records:
+        if isinstance(r, SourceProgress):
+            for source, t in r.through_ns_by_source.items():
+                entries.setdefault(source, []).append(t)
+                timeline.setdefault(source, []).append(t)
+        else:
+            timeline.setdefault(r.entity.switch or r.entity.node, []).append(r.at_ns)
+    assert any(not isinstance(r, SourceProgress) for r in records)            # the storm's changes
+    assert all(ts == sorted(ts) for ts in timeline.values())
+    assert len(entries) == 14                                                 # 8 nodes, 4 leaves, 2 spines
+    gaps_ms = [(b - a) / MS for ts in entries.values() for a, b in zip(ts, ts[1:])]
+    assert min(gaps_ms) >= interval_ms and max(gaps_ms) <= interval_ms + 2 * 50
+    assert all(len(ts) <= 2_000 / interval_ms + 1 for ts in entries.values())
+
+
+# ----------------------------------------------------------------------- the wire and old state
+def test_progress_and_change_records_round_trip_and_old_change_records_decode():
+    p = SourceProgress("c1", {"node-0001": T0, "leaf-u0-r2": T0 + 5})
+    assert pause_change_from_json(pause_change_to_json(p)) == p
+    c = change(SOURCE_NIC, PAUSING, 200)
+    assert pause_change_from_json(pause_change_to_json(c)) == c
+    old = (b'{"entity":{"cluster":"c1","node":"node-0003","device":"mlx5_2","port":"1"},"priority":3,'
+           b'"role":"pausing","active":true,"onset_ns":5,"at_ns":9,"evidence":[]}')
+    assert pause_change_from_json(old).at_ns == 9
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"type":"source_progress","cluster":"c1","through_ns_by_source":{"n1":true}}',
+    b'{"type":"source_progress","cluster":"c1","through_ns_by_source":{"n1":-5}}',
+    b'{"type":"source_progress","cluster":"c1","through_ns_by_source":{"n1":"12"}}',
+    b'{"type":"source_progress","cluster":"c1","through_ns_by_source":{"":12}}',
+    b'{"type":"source_progress","cluster":"c1","through_ns_by_source":[["n1",12]]}',
+    b'{"type":"source_progress","cluster":7,"through_ns_by_source":{}}',
+    b'{"type":"source_progress","through_ns_by_source":{}}',
+    b'{"type":"pause_state_summary","cluster":"c1"}',
+    b'["not", "an", "object"]',
+])
+def test_malformed_progress_records_are_a_record_error(raw):
+    with pytest.raises(RecordError):
+        pause_change_from_json(raw)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"source_liveness_ms": 0}, "source_liveness_ms"),
+    ({"source_liveness_ms": 700_000, "source_max_lag_ms": 800_000}, "source_liveness_ms"),
+    ({"source_max_lag_ms": SOURCE_LIVENESS_MS - 1}, "source_max_lag_ms"),
+    ({"source_max_lag_ms": 4_000_000}, "source_max_lag_ms"),
+])
+def test_watermark_settings_are_validated_with_the_parameter_named(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        StormLocator(TOPO, **kwargs)
+
+
+def test_a_locator_checkpointed_before_the_watermark_loads_on_the_newest_record_clock():
+    loc = StormLocator(TOPO)
+    loc.update(change(HELD_LEAF_PORT, PAUSED, 200))
+    state = {k: v for k, v in loc.__dict__.items()
+             if k not in ("source_liveness_ms", "source_max_lag_ms", "_watermark", "_on_watermark")}
+    old = StormLocator.__new__(StormLocator)
+    old.__setstate__(state)
+    assert old.watermark_ns is None and old.source_max_lag_ms == SOURCE_MAX_LAG_MS
+    assert opened(old.poll(T0 + 1_200 * MS)) == [("c1/leaf-u0-r2/Ethernet2", SILENT_SOURCE_CONFIDENCE)]
+    assert old.progress(progress(NODES + SWITCHES, 1_300)) == [] and old.watermark_ns == T0 + 1_300 * MS
