@@ -27,12 +27,13 @@ def register(app: faust.App, stages: StageHandlers, keeper: StateKeeper) -> None
             await topic.send(key=key, value=value, headers=list(headers), force=True)
 
     async def run_stage(stream, stage: Callable[[bytes], list[tuple[faust.TopicT, list[Record]]]]) -> None:
+        fold = stages.rebuild_with(stage)
         async for events in stream.take_events(TAKE_MAX_RECORDS, within=TAKE_WITHIN_S):
             async with keeper.lock:
                 for event in events:
                     message = event.message
                     if not await keeper.admit(message.topic, message.partition, message.offset,
-                                              message.timestamp, stage):
+                                              message.timestamp, fold):
                         continue
                     outputs = stage(event.value)
                     keeper.folded(message.topic, message.partition, message.offset)

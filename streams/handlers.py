@@ -102,6 +102,16 @@ class StageHandlers:
             return []
         return self.events(self._guarded(f"rank steps from {snap.source}", lambda: self.pipeline.add_rank_steps(snap)))
 
+    def rebuild_with(self, stage: Callable[[bytes], object]) -> Callable[[bytes], None]:
+        """`stage` as a fold for `streams.rebuild`: state moves, nothing is counted, logged or returned."""
+        def fold(raw: bytes) -> None:
+            self.pipeline.rebuilding = True
+            try:
+                stage(raw)
+            finally:
+                self.pipeline.rebuilding = False
+        return fold
+
     def on_timer(self, now_ns: int) -> list[Record]:
         """Let time-based state expire (storm grace periods) when no record arrives."""
         return self.events(self._guarded("the cluster timer", lambda: self.pipeline.tick_cluster(now_ns)))

@@ -154,11 +154,15 @@ class DetectionPipeline:
         self._jobs_by_node: dict[str, set[str]] = {}
         self.stats: Counter[str] = Counter()
         self.open_anomalies: dict[str, tuple[str, str]] = {}   # dedup key -> (kind, severity)
+        # Set while state is rebuilt from history (`streams.rebuild`): findings then only
+        # move the open-anomaly book; they were emitted, counted and logged when first found.
+        self.rebuilding = False
 
     def __setstate__(self, state: dict) -> None:
         # Checkpoints written before `open_anomalies` or progress records existed still load.
         state.setdefault("open_anomalies", {})
         state.setdefault("_progress", _ProgressOutbox())
+        state["rebuilding"] = False
         self.__dict__.update(state)
 
     def _account(self, stage: str, started_s: float, findings: list[Finding]) -> None:
@@ -168,12 +172,14 @@ class DetectionPipeline:
             return
         now_ns = time.time_ns()
         for f in findings:
-            _EVENT_TO_ANOMALY_S[stage].observe(max(0, now_ns - f.detected_ns) / 1e9)
-            metrics.WORKER_ANOMALIES_EMITTED.labels(f.kind, f.state).inc()
             if f.state == RESOLVED:
                 self.open_anomalies.pop(f.dedup_key, None)
             else:
                 self.open_anomalies[f.dedup_key] = (f.kind, f.severity)
+            if self.rebuilding:
+                continue
+            _EVENT_TO_ANOMALY_S[stage].observe(max(0, now_ns - f.detected_ns) / 1e9)
+            metrics.WORKER_ANOMALIES_EMITTED.labels(f.kind, f.state).inc()
             level = logging.DEBUG if f.state == UPDATE else logging.INFO
             if log.isEnabledFor(level):
                 log.log(level, "anomaly %s %s %s: %s", f.state, f.kind, f.entity.path(), f.summary,

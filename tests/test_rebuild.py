@@ -80,18 +80,19 @@ async def takeover(topo, records, taken_at: int, lookback_s: float, history=None
     history = history or ListHistory(records)
     keeper = StateKeeper(Coverage(), history, {TOPIC: lookback_s})
 
-    def fold(raw: bytes) -> None:
+    def both_stages(raw: bytes) -> None:
         _, changes = handlers.on_snapshot(raw)
         for change in changes:
             handlers.on_pause_state(change.value)
 
+    fold = handlers.rebuild_with(both_stages)
     emitted = []
     for offset in range(taken_at, len(records)):
         ts, raw = records[offset]
         if await keeper.admit(TOPIC, 0, offset, ts / 1000, fold):
             emitted += storm_states(handlers, [raw])
             keeper.folded(TOPIC, 0, offset)
-    return emitted, keeper, history
+    return emitted, keeper, history, handlers
 
 
 def lifecycles(values: list[bytes]) -> list[tuple[str, int, str]]:
@@ -110,7 +111,7 @@ async def test_a_worker_taking_over_mid_storm_resolves_it_under_the_same_ids_and
     assert opened and [e for e in oracle if e[1] == ev.LIFECYCLE_RESOLVED]
     taken_at = len(records) // 2                         # 3.0 s: the storm is open
 
-    emitted, keeper, history = await takeover(topo, records, taken_at, lookback_s=30)
+    emitted, keeper, history, _ = await takeover(topo, records, taken_at, lookback_s=30)
     after = lifecycles(emitted)
     assert not [e for e in after if e[1] == ev.LIFECYCLE_OPEN]               # no second OPEN
     resolved = [e for e in oracle if e[1] == ev.LIFECYCLE_RESOLVED]
@@ -118,7 +119,7 @@ async def test_a_worker_taking_over_mid_storm_resolves_it_under_the_same_ids_and
     assert history.reads == [(0, taken_at)] and keeper.stats["rebuilt_records"] == taken_at
 
     # without the rebuild (lookback 0) the new owner pages a second time, under a new id
-    emitted, _, history = await takeover(topo, records, taken_at, lookback_s=0)
+    emitted, _, history, _ = await takeover(topo, records, taken_at, lookback_s=0)
     reopened = [e for e in lifecycles(emitted) if e[1] == ev.LIFECYCLE_OPEN]
     assert reopened and reopened[0][2] not in {e[2] for e in opened} and history.reads == []
 
@@ -126,12 +127,12 @@ async def test_a_worker_taking_over_mid_storm_resolves_it_under_the_same_ids_and
 async def test_lookback_bounds_the_rebuild_and_a_failing_history_still_lets_detection_go_on():
     topo, records = storm_partition()
     taken_at = len(records) // 2
-    _, keeper, history = await takeover(topo, records, taken_at, lookback_s=1.0)
+    _, keeper, history, _ = await takeover(topo, records, taken_at, lookback_s=1.0)
     (start, end), = history.reads
     assert end == taken_at and records[start][0] >= records[taken_at][0] - 1000 > records[start - 1][0]
 
     broken = ListHistory(records, fail_after=10)
-    emitted, keeper, _ = await takeover(topo, records, taken_at, lookback_s=30, history=broken)
+    emitted, keeper, _, _ = await takeover(topo, records, taken_at, lookback_s=30, history=broken)
     assert keeper.stats["rebuild_failures"] == 1 and keeper.stats["rebuilt_records"] == 10
     assert keeper.rebuilding == 0 and keeper.coverage.offsets[(TOPIC, 0)] == len(records) - 1
 
@@ -150,6 +151,29 @@ async def test_restart_from_a_checkpoint_behind_the_commit_fills_the_gap_and_ski
     assert history.reads == [(101, 140)] and len(folded) == 39
     assert not await keeper.admit(TOPIC, 0, 90, records[90][0] / 1000, folded.append)
     assert keeper.stats["covered_records_skipped"] == 1
+
+
+async def test_a_rebuild_moves_the_open_book_but_counts_and_logs_nothing(caplog):
+    from fabricwatch import metrics
+
+    topo, records = storm_partition()
+    taken_at = len(records) // 2
+    emitted_before = sum(s.value for m in metrics.WORKER_ANOMALIES_EMITTED.collect() for s in m.samples
+                         if s.name.endswith("_total"))
+    with caplog.at_level("INFO", logger="fabricwatch.pipeline"):
+        handlers = StageHandlers(DetectionPipeline(topology=topo))
+        keeper = StateKeeper(Coverage(), ListHistory(records), {TOPIC: 30})
+
+        def both_stages(raw):
+            for change in handlers.on_snapshot(raw)[1]:
+                handlers.on_pause_state(change.value)
+
+        await keeper.admit(TOPIC, 0, taken_at, records[taken_at][0] / 1000, handlers.rebuild_with(both_stages))
+    assert [k for k in handlers.pipeline.open_anomalies if k.startswith("pfc_storm:")]    # the storm is open
+    assert not [r for r in caplog.records if r.getMessage().startswith("anomaly ")]
+    emitted_after = sum(s.value for m in metrics.WORKER_ANOMALIES_EMITTED.collect() for s in m.samples
+                        if s.name.endswith("_total"))
+    assert emitted_after == emitted_before and not handlers.pipeline.rebuilding
 
 
 @pytest.mark.parametrize("offsets", [{("t", 0): 3}, {}])
