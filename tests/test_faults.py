@@ -204,10 +204,14 @@ def storm_then_straggler(tmp_path: Path, seconds: float = 22.0) -> Episode:
     return episode
 
 
-def assert_exactly_once(episode: Episode, events: list[ev.AnomalyEvent]) -> list[str]:
-    """Per injected fault: one distinct OPEN and one distinct RESOLVED, with the oracle's ids.
+def assert_exactly_once(episode: Episode, events: list[ev.AnomalyEvent], *, oracle_ids: bool) -> list[str]:
+    """Per injected fault: one distinct OPEN and one distinct RESOLVED id.
 
-    Returns the other keys opened (storm roots the oracle did not name; see docs/reliability.md).
+    With `oracle_ids`, each must be the oracle's. Not with two workers: the straggler
+    detector reads network causes from its own process's node-health book, so a worker
+    that does not hold the straggler's node's telemetry partition may confirm it a step
+    earlier or later than the single-process oracle (docs/architecture.md, several workers).
+    Returns the other keys opened (storm roots the oracle did not name).
     """
     seen: dict[tuple[str, int], set[str]] = defaultdict(set)
     for e in events:
@@ -215,9 +219,9 @@ def assert_exactly_once(episode: Episode, events: list[ev.AnomalyEvent]) -> list
     expected_keys = {k for k, _ in episode.first_tick}
     for key in expected_keys:
         for lifecycle in (ev.LIFECYCLE_OPEN, ev.LIFECYCLE_RESOLVED):
-            assert seen[(key, lifecycle)] == episode.ids[(key, lifecycle)], \
-                (key, ev.Lifecycle.Name(lifecycle), "seen", seen[(key, lifecycle)], "oracle",
-                 episode.ids[(key, lifecycle)], summary(events))
+            got, want = seen[(key, lifecycle)], episode.ids[(key, lifecycle)]
+            assert (got == want) if oracle_ids else (len(got) == len(want) == 1), \
+                (key, ev.Lifecycle.Name(lifecycle), "seen", got, "oracle", want, summary(events))
     return sorted({k for k, lc in seen if lc == ev.LIFECYCLE_OPEN} - expected_keys)
 
 
@@ -266,7 +270,7 @@ async def run_kill_scenario(broker: LocalKafka, tmp_path: Path, *, takeover: boo
         for w in (a, b):
             if w is not None:
                 w.stop()
-    extra = assert_exactly_once(episode, events)
+    extra = assert_exactly_once(episode, events, oracle_ids=not takeover)
     assert not extra, f"storm roots the oracle does not name: {extra}"   # the catch-up watermark
     return {"kills": kills, "events": len(events), "distinct_ids": len({e.id for e in events}), "extra_opened": extra}
 
