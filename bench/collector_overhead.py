@@ -26,9 +26,9 @@ What is and is not real here:
   real node each read runs a kernel ``show()`` (the mlx5 hw_counters one may query the
   firmware, at most once per ``lifespan`` = 10 ms).
 * ethtool: the recorded ``ethtool -S`` output of a ConnectX-7 (228 statistics) served by
-  `RecordedSource`; the selection is the same code as for the ioctl. The ioctl itself is
-  timed separately on a veth pair in a network namespace when run as root
-  (``ethtool_ioctl_us_per_read_veth``);
+  `RecordedSource`; the selection is the same code as for the ioctl. The ioctl path of a
+  PFC read (GSSET_INFO + GSTATS + selection) is timed separately on a veth pair in a network
+  namespace when run as root (``ethtool_ioctl_us_per_read_veth``, for the reference too);
   on mlx5 each ``ETHTOOL_GSTATS`` also makes the driver query the firmware (PPCNT), time
   the process spends asleep rather than on the CPU.
 * NVML: 8 GPUs x 18 NVLink links through a stand-in module that answers at once
@@ -189,14 +189,16 @@ async def child_main(target: str | None, duration_s: float, gpus: str, pfc_s: fl
 
 
 # --------------------------------------------------------------------------- ioctl micro-benchmark
-def ioctl_cost_us() -> float | None:
-    """µs per EthtoolReader.read() through the real SIOCETHTOOL ioctl on a veth (root only)."""
+def ioctl_cost_us(code_dir: str = "") -> float | None:
+    """µs per PFC-path read (`EthtoolReader.read_columns`: GSSET_INFO + GSTATS + selection) through
+    the real SIOCETHTOOL ioctl on a veth (root only); ``code_dir``: the package to time (a reference)."""
     if os.geteuid() != 0 or not shutil.which("ip"):
         return None
     ns = f"fwbench{os.getpid()}"
-    code = ("import timeit\nfrom fabricwatch.collectors.ethtool_stats import EthtoolReader\n"
-            "r = EthtoolReader(allow=['peer_ifindex'])\nr.read('fwb0', 'slow')\n"
-            "print(timeit.timeit(lambda: r.read('fwb0', 'slow'), number=5000) / 5000 * 1e6)\n")
+    code = (f"import sys, timeit\nsys.path.insert(0, {code_dir!r}) if {code_dir!r} else None\n"
+            "from fabricwatch.collectors.ethtool_stats import EthtoolReader\n"
+            "r = EthtoolReader(allow_fast=['peer_ifindex'])\nr.read_columns('fwb0', 'fast')\n"
+            "print(min(timeit.repeat(lambda: r.read_columns('fwb0', 'fast'), number=5000, repeat=5)) / 5000 * 1e6)\n")
     try:
         subprocess.run(["ip", "netns", "add", ns], check=True, capture_output=True)
         subprocess.run(["ip", "-n", ns, "link", "add", "fwb0", "type", "veth", "peer", "name", "fwb1"],
@@ -300,6 +302,8 @@ def main() -> None:
         p.error(f"--reference {args.reference}: no fabricwatch package there")
     result = asyncio.run(parent_main(args))
     result["ethtool_ioctl_us_per_read_veth"] = ioctl_cost_us()
+    if args.reference:
+        result["reference"]["ethtool_ioctl_us_per_read_veth"] = ioctl_cost_us(args.reference)
     result["cpu"] = f"{os.cpu_count()} cores, {os.uname().machine}, Python {sys.version.split()[0]}"
     print(json.dumps(result, indent=2))
     gpus = (f"{result['gpus']} GPUs ({'real NVML' if result['nvml'] == 'real' else 'NVML stand-in'})"

@@ -40,8 +40,10 @@ from __future__ import annotations
 import array
 import ctypes
 import errno
+import fcntl
 import fnmatch
 import logging
+import operator
 import os
 import re
 import shutil
@@ -112,36 +114,47 @@ def parse_ethtool_s(text: str) -> dict[str, int]:
 
 # --------------------------------------------------------------------------- the ioctl
 class IoctlSource:
-    """Statistics of any interface of this network namespace through SIOCETHTOOL."""
+    """Statistics of any interface of this network namespace through SIOCETHTOOL.
+
+    The request buffers and their ``ifreq`` are made once per interface and reused: the
+    PFC source makes two ioctls per port every 100 ms.
+    """
 
     def __init__(self) -> None:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._buffers: dict[str, ctypes.Array] = {}
+        self._fd = self._sock.fileno()
+        self._count_requests: dict[str, tuple[ctypes.Array, bytes]] = {}
+        # ifname -> (buffer, its ifreq, capacity in values, the buffer as bytes)
+        self._buffers: dict[str, tuple[ctypes.Array, bytes, int, memoryview]] = {}
 
     def close(self) -> None:
         self._sock.close()
 
-    def _ioctl(self, ifname: str, buf: ctypes.Array) -> None:
+    @staticmethod
+    def _ifreq(ifname: str, buf: ctypes.Array) -> bytes:
+        """``struct ifreq`` naming the interface, its data pointer at ``buf`` (kept alive by the caller)."""
         name = ifname.encode()
         if len(name) >= IFNAMSIZ:
             raise EthtoolError(errno.ENODEV, f"interface name too long: {ifname!r}")
-        ifreq = struct.pack(f"{IFNAMSIZ}sP", name, ctypes.addressof(buf)).ljust(_IFREQ_SIZE, b"\0")
-        import fcntl
-
-        fcntl.ioctl(self._sock.fileno(), SIOCETHTOOL, ifreq)
+        return struct.pack(f"{IFNAMSIZ}sP", name, ctypes.addressof(buf)).ljust(_IFREQ_SIZE, b"\0")
 
     def count(self, ifname: str) -> int:
         # struct ethtool_sset_info { u32 cmd; u32 reserved; u64 sset_mask; u32 data[]; }
-        buf = ctypes.create_string_buffer(struct.pack("=IIQI", ETHTOOL_GSSET_INFO, 0, 1 << ETH_SS_STATS, 0), 24)
-        self._ioctl(ifname, buf)
-        _, _, mask, n = struct.unpack_from("=IIQI", buf.raw)
+        request = self._count_requests.get(ifname)
+        if request is None:
+            buf = ctypes.create_string_buffer(24)
+            request = self._count_requests[ifname] = (buf, self._ifreq(ifname, buf))
+        buf, ifreq = request
+        struct.pack_into("=IIQI", buf, 0, ETHTOOL_GSSET_INFO, 0, 1 << ETH_SS_STATS, 0)   # the kernel rewrites the mask
+        fcntl.ioctl(self._fd, SIOCETHTOOL, ifreq)
+        _, _, mask, n = struct.unpack_from("=IIQI", buf)
         return n if mask & (1 << ETH_SS_STATS) else 0
 
     def names(self, ifname: str, n: int) -> list[str]:
         # struct ethtool_gstrings { u32 cmd; u32 string_set; u32 len; u8 data[]; }
         size = 12 + (n + _HEADROOM) * ETH_GSTRING_LEN
         buf = ctypes.create_string_buffer(struct.pack("=III", ETHTOOL_GSTRINGS, ETH_SS_STATS, n), size)
-        self._ioctl(ifname, buf)
+        fcntl.ioctl(self._fd, SIOCETHTOOL, self._ifreq(ifname, buf))
         got = struct.unpack_from("=I", buf.raw, 8)[0]
         raw = buf.raw[12:12 + got * ETH_GSTRING_LEN]
         return [raw[i:i + ETH_GSTRING_LEN].split(b"\0", 1)[0].decode("ascii", "replace")
@@ -150,14 +163,16 @@ class IoctlSource:
     def values(self, ifname: str, n: int) -> tuple[int, memoryview]:
         """(count the kernel wrote, the u64 values) from one ETHTOOL_GSTATS."""
         # struct ethtool_stats { u32 cmd; u32 n_stats; u64 data[]; }
-        size = 8 + (n + _HEADROOM) * 8
-        buf = self._buffers.get(ifname)
-        if buf is None or len(buf) < size:
-            buf = self._buffers[ifname] = ctypes.create_string_buffer(size)
+        entry = self._buffers.get(ifname)
+        if entry is None or entry[2] < n + _HEADROOM:
+            capacity = n + _HEADROOM
+            buf = ctypes.create_string_buffer(8 + capacity * 8)
+            entry = self._buffers[ifname] = (buf, self._ifreq(ifname, buf), capacity, memoryview(buf).cast("B"))
+        buf, ifreq, capacity, view = entry
         struct.pack_into("=II", buf, 0, ETHTOOL_GSTATS, n)
-        self._ioctl(ifname, buf)
+        fcntl.ioctl(self._fd, SIOCETHTOOL, ifreq)
         got = struct.unpack_from("=I", buf, 4)[0]
-        return got, memoryview(buf).cast("B")[8:8 + 8 * min(got, n + _HEADROOM)].cast("Q")
+        return got, view[8:8 + 8 * min(got, capacity)].cast("Q")
 
 
 class RecordedSource:
@@ -272,8 +287,19 @@ class _Layout:
                 seen.add(name)
                 self.index[group].append((name, i))
         self.index["all"] = sorted(self.index["fast"] + self.index["slow"], key=lambda t: t[1])
-        # the same, as (names tuple, positions) for the columnar fast path
-        self.columns = {g: (tuple(n for n, _ in idx), [i for _, i in idx]) for g, idx in self.index.items()}
+        # the same for the columnar fast path: (names tuple, a picker that takes the kept
+        # values out of the raw ones in one C call instead of a Python loop per value)
+        self.columns = {g: (tuple(n for n, _ in idx), _picker([i for _, i in idx])) for g, idx in self.index.items()}
+
+
+def _picker(positions: list[int]):
+    """values -> tuple of ``values[i]`` for i in positions (itemgetter returns a bare value for one)."""
+    if len(positions) >= 2:
+        return operator.itemgetter(*positions)
+    if positions:
+        only = positions[0]
+        return lambda values: (values[only],)
+    return lambda values: ()
 
 
 class EthtoolReader:
@@ -336,7 +362,7 @@ class EthtoolReader:
             self.problems.report(kind, (ifname, exc.errno), f"ethtool statistics of {ifname}: {exc}")
             return None
 
-    def read_columns(self, ifname: str, group: str = "fast") -> tuple[tuple[str, ...], list[int]] | None:
+    def read_columns(self, ifname: str, group: str = "fast") -> tuple[tuple[str, ...], tuple[int, ...]] | None:
         """Like `read`, as (names, values): the names tuple is the same object every tick."""
         try:
             try:
@@ -365,6 +391,6 @@ class EthtoolReader:
             self.problems.counts["ethtool_layout_changed"] += 1
             raise EthtoolError(errno.EAGAIN, f"{ifname}: {got} statistics, expected {layout.n}; names re-read next time")
         if columns:
-            names, positions = layout.columns[group]
-            return names, [values[i] for i in positions]
+            names, pick = layout.columns[group]
+            return names, pick(values)
         return {name: values[i] for name, i in layout.index[group]}

@@ -59,7 +59,10 @@ class SenderConfig:
 
 
 def open_channel(config: SenderConfig) -> grpc.aio.Channel:
-    options = [("grpc.max_send_message_length", 16 * 1024 * 1024)]
+    # BDP probing sizes the flow-control window for data this side *receives*; a sender only
+    # receives small acks, and the probe's pings cost ~1 ms of CPU per second at one batch
+    # per second (measured on the 2-vCPU VM: 0.48 -> 0.37 % of a core for send + ack).
+    options = [("grpc.max_send_message_length", 16 * 1024 * 1024), ("grpc.http2.bdp_probe", 0)]
     if config.server_name_override:
         options.append(("grpc.ssl_target_name_override", config.server_name_override))
     if config.root_cert_path:

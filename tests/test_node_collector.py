@@ -249,6 +249,50 @@ def test_ethtool_reader_groups_allow_list_and_a_changing_layout():
     assert reader.problems.counts["ethtool_layout_changed"] == 1
 
 
+def test_ethtool_columns_are_the_named_read_for_many_one_or_no_kept_names(tmp_path):
+    """`read_columns` (the PFC path) picks the same values as `read`, whatever the number kept."""
+    reader = EthtoolReader(source={"eth0": str(ETHTOOL_TXT)})
+    for group in ("fast", "slow", "all"):
+        names, values = reader.read_columns("eth0", group)
+        assert dict(zip(names, values)) == reader.read("eth0", group) and len(names) == len(values) > 1
+    one = tmp_path / "one.txt"
+    one.write_text("NIC statistics:\n     tx_bytes: 9\n     rx_prio3_pause: 5\n")
+    none = tmp_path / "none.txt"
+    none.write_text("NIC statistics:\n     tx_bytes: 9\n")
+    reader = EthtoolReader(source={"one0": str(one), "none0": str(none)})
+    assert reader.read_columns("one0", "fast") == (("rx_prio3_pause",), (5,))
+    assert reader.read_columns("none0", "fast") == ((), ())
+    assert reader.read_columns("gone0", "fast") is None and reader.problems.counts["ethtool_error"] == 1
+
+
+def test_pfc_ticks_follow_a_rediscovery(tmp_path):
+    """The PFC tick's list of RoCE ports is made once per discovery: a port that goes away leaves it."""
+    tree = copy_tree(ROCE, tmp_path)
+    cfg = NodeConfig.from_dict({"node_name": "roce-node", "sysfs_root": str(tree)})
+    collector = NodeCollector(cfg, ethtool_reader=EthtoolReader(source=recorded_ethtool()), gpu_reader=False)
+    assert list(collector.collect({"ethtool_pfc"}).blocks[0].entity_ids) == [f"mlx5_{i}/1" for i in range(8)]
+    (tree / "class" / "infiniband" / "mlx5_5").unlink()        # the driver unbound one NIC
+    collector.nic.discover()
+    [block] = collector.collect({"ethtool_pfc"}).blocks
+    assert list(block.entity_ids) == [f"mlx5_{i}/1" for i in range(8) if i != 5]
+    assert list(block.labels[0].values) == [n for i, n in enumerate(ROCE_NETDEVS) if i != 5]
+    collector.close()
+
+
+def test_sampling_thread_sleeps_until_due_and_wakes_at_once_when_halted():
+    import threading
+
+    halt = node_mod._Halt()
+    t0 = time.monotonic()
+    assert halt.wait(0.05) is False and time.monotonic() - t0 >= 0.05       # never early
+    threading.Timer(0.05, halt.set).start()
+    t0 = time.monotonic()
+    assert halt.wait(5.0) is True and time.monotonic() - t0 < 1.0
+    assert halt.is_set() and halt.wait(5.0) is True                          # stays set
+    halt.set()                                                               # idempotent
+    halt.close()
+
+
 def _have_netns() -> str | None:
     if os.geteuid() != 0:
         return "needs root (network namespaces)"
