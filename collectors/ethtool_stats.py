@@ -289,10 +289,10 @@ class _Layout:
         self.index["all"] = sorted(self.index["fast"] + self.index["slow"], key=lambda t: t[1])
         # the same for the columnar fast path: (names tuple, a picker that takes the kept
         # values out of the raw ones in one C call instead of a Python loop per value)
-        self.columns = {g: (tuple(n for n, _ in idx), _picker([i for _, i in idx])) for g, idx in self.index.items()}
+        self.columns = {g: (tuple(n for n, _ in idx), picker([i for _, i in idx])) for g, idx in self.index.items()}
 
 
-def _picker(positions: list[int]):
+def picker(positions: list[int]):
     """values -> tuple of ``values[i]`` for i in positions (itemgetter returns a bare value for one)."""
     if len(positions) >= 2:
         return operator.itemgetter(*positions)

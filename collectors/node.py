@@ -59,7 +59,7 @@ import yaml
 
 from fabricwatch import metrics
 
-from .ethtool_stats import EthtoolReader
+from .ethtool_stats import EthtoolReader, picker
 from .nvml_gpu import GpuReader
 from .sysfs_nic import NAN, EntityRow, NicReader, rows_to_blocks
 
@@ -97,7 +97,8 @@ class GatewaySettings:
     server_name_override: str = ""       # TLS name check override (self-signed test certs)
     max_buffered: int = DEFAULT_MAX_BUFFERED
     max_batch: int = 64
-    linger_s: float = 1.0                # hold snapshots this long and hand them over together
+    linger_s: float = 2.0                # hold snapshots this long and hand them over together...
+    flush_on_pause: bool = True          # ...unless a port pauses (`PauseWatch`) or an XID arrived: at once
 
 
 @dataclass(frozen=True)
@@ -313,6 +314,40 @@ class _Schedule:
     next_s: float
 
 
+# A PFC tick is handed over at once, not after `gateway.linger_s`, when a port paused or was
+# paused for at least this share of the tick on some priority: a storm's onset (the
+# watchdog wants >= 80 % for 200 ms) must not wait, while the odd incast pause of a few
+# microseconds costs no extra gRPC batch.
+URGENT_PAUSE_DUTY = 0.1
+# The same for a port that exports pause frame counts but no durations: frames per second.
+URGENT_PAUSE_FRAMES_PER_S = 1000.0
+
+
+class PauseWatch:
+    """Which of a PFC layout's columns tell that a port is pausing, and whether it is.
+
+    >>> w = PauseWatch(("rx_prio3_bytes", "rx_prio3_pause", "rx_prio3_pause_duration"), interval_s=0.1)
+    >>> w.pick((5, 7, 100))                     # durations say it best; frame counts only without them
+    (100,)
+    >>> w.pausing((100,), (300,)), w.pausing((100,), (60_100,))    # 200 us of 100 ms: incast; 60 ms: a storm
+    (False, True)
+    """
+
+    def __init__(self, names: tuple[str, ...], interval_s: float) -> None:
+        durations = [i for i, n in enumerate(names) if n.endswith("_pause_duration")]
+        frames = [] if durations else [i for i, n in enumerate(names) if n.endswith("_pause")]
+        storms = [i for i, n in enumerate(names) if n.startswith("tx_pause_storm_")]
+        columns = durations + frames + storms
+        self.pick = picker(columns)
+        # per picked column: the increase per tick that means "pausing" (a storm event: any)
+        self._limits = ([URGENT_PAUSE_DUTY * interval_s * 1e6] * len(durations)
+                        + [URGENT_PAUSE_FRAMES_PER_S * interval_s] * len(frames) + [1] * len(storms))
+
+    def pausing(self, before: tuple, now: tuple) -> bool:
+        """Whether any column rose by its limit since ``before`` (a reset, going down, is not)."""
+        return any(a - b >= limit for b, a, limit in zip(before, now, self._limits))
+
+
 @dataclass
 class _PfcTick:
     """One PFC tick's readings, before they become a Snapshot."""
@@ -322,6 +357,7 @@ class _PfcTick:
     readings: list[tuple]             # (entity id, netdev, counter names, counters, netdev_speed_mbps) per port
     events: list
     with_speed: bool
+    urgent: bool = False              # a port paused (`PauseWatch`) or an XID arrived: do not linger
 
 
 class NodeCollector:
@@ -361,6 +397,8 @@ class NodeCollector:
         self._speed: dict[str, float] = {}        # entity id -> last netdev_speed_mbps from sysfs
         self._pfc_ports_of: list | None = None     # the nic.ports list that _pfc_ports was made from
         self._pfc_ports: list[tuple[str, str]] = []   # (entity id, netdev) of the RoCE ports
+        self._pfc_last: dict[str, tuple] = {}         # entity id -> its pause columns at the last tick
+        self._pause_watches: dict[tuple, PauseWatch] = {}   # counter names -> which columns are pauses
 
     def close(self) -> None:
         if self.gpu is not None:
@@ -455,12 +493,22 @@ class NodeCollector:
         if ports is not self._pfc_ports_of:          # a new discovery: list the RoCE ports once
             self._pfc_ports_of = ports
             self._pfc_ports = [(p.entity_id, p.netdev) for p in ports if p.link_layer == "Ethernet" and p.netdev]
-        read, speed = self.ethtool.read_columns, self._speed
+        read, speed, last, watches = self.ethtool.read_columns, self._speed, self._pfc_last, self._pause_watches
         readings = []
+        moved = False
         for entity_id, netdev in self._pfc_ports:
             got = read(netdev, "fast")
             if got and got[0]:
-                readings.append((entity_id, netdev, got[0], got[1], speed.get(entity_id, NAN)))
+                names, values = got
+                watch = watches.get(names)
+                if watch is None:
+                    watch = watches[names] = PauseWatch(names, self.config.intervals.ethtool_pfc)
+                pauses = watch.pick(values)
+                before = last.get(entity_id)
+                if before is not None and before != pauses and not moved:   # the common case is equal
+                    moved = watch.pausing(before, pauses)
+                last[entity_id] = pauses
+                readings.append((entity_id, netdev, names, values, speed.get(entity_id, NAN)))
         events = self.gpu.drain_events() if self.gpu is not None else []
         if not readings and not events:
             self.stats["empty_ticks"] += 1
@@ -468,7 +516,9 @@ class NodeCollector:
         self.seq += 1
         self.stats["snapshots"] += 1
         self.stats["xid_events"] += len(events)
-        return _PfcTick(t_ns, self.seq, readings, events, self.config.sources.sysfs)
+        urgent = self.config.gateway.flush_on_pause and (moved or bool(events))
+        self.stats["urgent_ticks"] += urgent
+        return _PfcTick(t_ns, self.seq, readings, events, self.config.sources.sysfs, urgent)
 
     def _build_pfc(self, tick: _PfcTick):
         pb = self._pb
@@ -595,7 +645,8 @@ class NodeCollector:
                 if not held:
                     held_since = now
                 held.append(item)
-            if held and time.monotonic() - held_since >= linger - _SAME_TICK_S:
+            urgent = isinstance(item, _PfcTick) and item.urgent
+            if held and (urgent or time.monotonic() - held_since >= linger - _SAME_TICK_S):
                 hand_over(self._built(held))
                 held = []
             if max_snapshots is not None and self.stats["snapshots"] >= max_snapshots:

@@ -58,6 +58,7 @@ NODE_KEY_MEANINGS = {
                             "beyond (100..5,000,000); ~13.7 KB of memory each",
     "gateway.max_batch": "snapshots per gRPC batch (1..10000)",
     "gateway.linger_s": "group snapshots for this long before handing them to the sender, seconds (0..10)",
+    "gateway.flush_on_pause": "hand a group over at once when a port pauses (>= 10 % of a tick) or an XID arrived: storms do not wait for linger_s",
     "intervals.ethtool_pfc": "PFC / pause counters (ethtool), seconds (0.01..3600)",
     "intervals.ethtool": "ethtool phy, buffer and PCIe health counters, seconds",
     "intervals.sysfs": "RDMA port counters, link state, netdev speed, NIC PCIe link, seconds",

@@ -790,6 +790,51 @@ def test_ticks_carry_the_due_sources_and_the_pfc_layout_never_changes():
     collector.close()
 
 
+class PausesFrom(RecordedSource):
+    """The recorded mlx5 statistics of a port that starts pausing at its ``start``-th read
+    (``rx_prio3_pause`` and 90 ms of ``rx_prio3_pause_duration`` per read from then on), and
+    whose per-priority traffic counters move on every read, as on any loaded link."""
+
+    def __init__(self, netdev: str, start: int) -> None:
+        super().__init__({n: str(ETHTOOL_TXT) for n in ROCE_NETDEVS})
+        self.netdev, self.start, self.reads = netdev, start, 0
+
+    def values(self, ifname, n):
+        if ifname == self.netdev:
+            self.reads += 1
+            names, values = self._load(ifname)
+            values[names.index("rx_prio3_bytes")] += 4096 * 1000       # traffic alone is not urgent
+            values[names.index("rx_prio3_pause_duration")] += 50        # nor a 50 us incast pause
+            if self.reads >= self.start:
+                values[names.index("rx_prio3_pause")] += 1000
+                values[names.index("rx_prio3_pause_duration")] += 90_000
+        return super().values(ifname, n)
+
+
+async def test_quiet_ticks_linger_but_moving_pause_counters_go_out_at_once():
+    """Grouping saves CPU (one gRPC batch per linger_s), but a storm must not wait for it:
+    the first tick in which a port paused is handed over with its group at once."""
+    source = PausesFrom(ROCE_NETDEVS[2], start=10)
+    collector = NodeCollector(NodeConfig.from_dict({"node_name": "node-0001", "cluster": "c1", "sysfs_root": str(ROCE)}),
+                              ethtool_reader=EthtoolReader(source=source), gpu_reader=False)
+    handed: list[tuple[float, pb.Snapshot]] = []
+    stop = asyncio.Event()
+    try:
+        stats = await asyncio.wait_for(collector.run(stop, on_snapshot=lambda snap: handed.append(
+            (time.time(), snap)), max_snapshots=16, linger_s=2.0), 20)
+    finally:
+        collector.close()
+    pauses = []                    # (delay to hand-over, rx_prio3_pause of the port) per PFC tick
+    for at, snap in handed:
+        for block in snap.blocks:
+            if "rx_prio3_pause" in block.counter_names and "port_xmit_data" not in block.counter_names:
+                pauses.append((at - snap.time_unix_ns / 1e9, block_rows(block)["mlx5_2/1"].counters["rx_prio3_pause"]))
+    moved = next(i for i in range(1, len(pauses)) if pauses[i][1] != pauses[i - 1][1])
+    assert pauses[0][0] > 0.5                        # quiet: the first tick waited with its group
+    assert all(delay < 0.3 for delay, _ in pauses[moved:]), pauses   # moving: each tick out at once
+    assert stats["urgent_ticks"] == len(pauses) - moved
+
+
 def test_ib_node_sends_no_pfc_ticks():
     cfg = NodeConfig.from_dict({"node_name": "ib-node", "sysfs_root": str(IB)})
     collector = NodeCollector(cfg, ethtool_reader=EthtoolReader(source=recorded_ethtool()), gpu_reader=False)
@@ -924,7 +969,7 @@ async def test_gateway_outage_loses_nothing_and_keeps_order():
     server = await start_server(service, port)
     config = NodeConfig.from_dict({"node_name": "node-0001", "cluster": "c1", "sysfs_root": str(ROCE),
                                    "intervals": {"ethtool_pfc": 0.05, "ethtool": 0.25, "sysfs": 0.25},
-                                   "gateway": {"target": f"127.0.0.1:{port}", "max_batch": 8}})
+                                   "gateway": {"target": f"127.0.0.1:{port}", "max_batch": 8, "linger_s": 0.2}})
     collector = NodeCollector(config, ethtool_reader=EthtoolReader(source=recorded_ethtool()), gpu_reader=False)
     sender = GatewaySender(SenderConfig(target=config.gateway.target, max_batch=8, backoff_initial_s=0.05,
                                         backoff_max_s=0.2))
