@@ -334,6 +334,11 @@ class GatewayProcess:
             assert time.monotonic() < deadline, "gateway not listening after 60 s"
             time.sleep(0.1)
 
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the process so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def rss_mb(self) -> float:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -495,7 +500,9 @@ async def test_broker_restart_under_load_loses_no_sample(broker, tmp_path):
             down_at = time.monotonic()
             streaming = asyncio.create_task(stream_for(10_000))
             await loop.run_in_executor(None, broker.stop)
+            cpu_before = gateway.cpu_s()           # from the broker's stop: the gateway alone
             await asyncio.sleep(BROKER_DOWN_S)
+            gateway_cpu_share = (gateway.cpu_s() - cpu_before) / BROKER_DOWN_S
             await loop.run_in_executor(None, broker.start)
             outage_s = time.monotonic() - down_at
             streaming.cancel()
@@ -519,8 +526,13 @@ async def test_broker_restart_under_load_loses_no_sample(broker, tmp_path):
     lost = seq - len(set((await telemetry_seqs(broker.bootstrap, {source}))[source]))
     duplicates = assert_in_order_and_complete((await telemetry_seqs(broker.bootstrap, {source}))[source], range(seq))
     assert lost == 0 and sender.stats["dropped_buffer_full"] == 0
+    # aiokafka alone spun at a full core and wrote ~4,300 log lines a second while the broker
+    # was gone; the gateway now stops its producer and probes (streams/gateway.py, PROBE_AFTER_S)
+    connect_errors = (tmp_path / "gateway.log").read_text(errors="replace").count("Unable connect")
+    assert gateway_cpu_share < 0.3 and connect_errors < 200 * outage_s, (gateway_cpu_share, connect_errors)
     print(f"broker outage {outage_s:.0f} s at {rate_per_s}/s: {seq} sent, {lost} lost, {duplicates} duplicates, "
-          f"peak buffered {peak_buffered} of {sender.config.max_buffered}")
+          f"peak buffered {peak_buffered} of {sender.config.max_buffered}; gateway CPU "
+          f"{gateway_cpu_share:.0%} of a core while the broker was down, {connect_errors} connect errors logged")
 
 
 # ---------------------------------------------------------------------- 7. forged telemetry
