@@ -20,6 +20,7 @@ from typing import Protocol
 import grpc
 
 from fabricwatch import metrics
+from fabricwatch.netaddr import split_host_port
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.protos.v1 import telemetry_pb2_grpc as pb_grpc
 
@@ -111,10 +112,9 @@ class KafkaSink:
     async def _reachable(self) -> bool:
         """Whether a TCP connection to any bootstrap server opens."""
         for server in self.bootstrap.split(","):
-            host, _, port = server.strip().rpartition(":")
             try:
-                _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)),
-                                                   PROBE_CONNECT_TIMEOUT_S)
+                host, port = split_host_port(server.strip(), "Kafka bootstrap server")
+                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), PROBE_CONNECT_TIMEOUT_S)
             except (OSError, asyncio.TimeoutError, ValueError):
                 continue
             writer.close()

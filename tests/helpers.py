@@ -1,6 +1,8 @@
-"""Small builders of wire-format snapshots for tests."""
+"""Small builders of wire-format snapshots for tests, and the in-process gateway they go through."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from types import SimpleNamespace
 
@@ -94,3 +96,37 @@ async def start_server(service, port):
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     return server
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(bootstrap: str, port: int | None = None, cluster: str = "it"):
+    """The real gateway (`streams.gateway.serve`) in this process on 127.0.0.1; yields host:port."""
+    from fabricwatch.streams import topics
+    from fabricwatch.streams.gateway import serve
+
+    await topics.ensure_topics(bootstrap, topics.ALL_TOPICS)
+    stop, ready = asyncio.Event(), asyncio.Event()
+    listen = f"127.0.0.1:{port or free_port()}"
+    gateway = asyncio.create_task(serve(bootstrap, listen, ready=ready, stop=stop, cluster=cluster))
+    try:
+        await asyncio.wait_for(ready.wait(), 60)
+        yield listen
+    finally:
+        stop.set()
+        await gateway
+
+
+@contextlib.asynccontextmanager
+async def gateway_and_sender(bootstrap: str, port: int | None = None, **sender_options):
+    """`running_gateway` and a collector's `GatewaySender` streaming to it."""
+    from fabricwatch.collectors.sender import GatewaySender, SenderConfig
+
+    async with running_gateway(bootstrap, port) as listen:
+        sender = GatewaySender(SenderConfig(target=listen, **sender_options))
+        stop = asyncio.Event()
+        sender_task = asyncio.create_task(sender.run(stop))
+        try:
+            yield sender
+        finally:
+            stop.set()
+            await sender_task

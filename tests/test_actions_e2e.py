@@ -20,8 +20,8 @@ from pathlib import Path
 import grpc
 import pytest
 from aiokafka import AIOKafkaConsumer
-from helpers import nic_snapshot
-from test_pipeline_kafka import gateway_and_sender, start_worker
+from helpers import gateway_and_sender, nic_snapshot
+from test_pipeline_kafka import start_worker
 
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import feed_pb2, feed_pb2_grpc

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 from aiokafka import AIOKafkaConsumer
-from helpers import RecordingSink, free_port, nic_snapshot
+from helpers import RecordingSink, free_port, gateway_and_sender, nic_snapshot
 
 from fabricwatch.collectors.faults import PfcStorm, Straggler
 from fabricwatch.collectors.sender import GatewaySender, SenderConfig
@@ -33,7 +33,6 @@ from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.streams import topics
 from fabricwatch.streams.events import to_event
-from fabricwatch.streams.gateway import serve
 from fabricwatch.streams.pipeline import DetectionPipeline
 
 pytestmark = pytest.mark.kafka
@@ -57,8 +56,27 @@ def broker(tmp_path_factory) -> LocalKafka:
         kafka.stop()
 
 
-class Worker:
-    """One `fabricwatch worker` process; `kill()` is kill -9, `start()` starts it again."""
+class Process:
+    """A service under test as a child process: `kill()` is kill -9, `stop()` a SIGTERM first."""
+
+    proc: subprocess.Popen | None = None
+    stop_timeout_s = 30.0
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class Worker(Process):
+    """One `fabricwatch worker` process; `start()` starts it (again)."""
 
     def __init__(self, bootstrap: str, logs: Path, app_id: str, name: str, *extra: str, env=None) -> None:
         self.bootstrap, self.logs, self.app_id, self.name = bootstrap, logs, app_id, name
@@ -84,17 +102,6 @@ class Worker:
             time.sleep(0.2)
         return self
 
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 class AnomalyReader:
@@ -141,23 +148,6 @@ class AnomalyReader:
 
 def summary(events) -> list[tuple[str, str, str]]:
     return [(e.dedup_key, ev.Lifecycle.Name(e.lifecycle), e.id) for e in events]
-
-
-@contextlib.asynccontextmanager
-async def in_process_gateway(bootstrap: str, **sender_options):
-    """The real gateway in this process on a free port, and a sender streaming to it."""
-    stop, ready = asyncio.Event(), asyncio.Event()
-    listen = f"127.0.0.1:{free_port()}"
-    gateway = asyncio.create_task(serve(bootstrap, listen, ready=ready, stop=stop))
-    await asyncio.wait_for(ready.wait(), 60)
-    sender = GatewaySender(SenderConfig(target=listen, **sender_options))
-    sender_task = asyncio.create_task(sender.run(stop))
-    try:
-        yield sender
-    finally:
-        stop.set()
-        await sender_task
-        await gateway
 
 
 async def send(sender: GatewaySender, snapshots, timeout_s: float = 60) -> None:
@@ -242,7 +232,7 @@ async def run_kill_scenario(broker: LocalKafka, tmp_path: Path, *, takeover: boo
     kills = 0
     try:
         async with AnomalyReader(broker.bootstrap, episode.cluster) as reader, \
-                in_process_gateway(broker.bootstrap) as sender:
+                gateway_and_sender(broker.bootstrap) as sender:
             # mid-storm: the storm has just been opened, its restoration is still to come
             await send(sender, [s for tick in episode.ticks[:storm_open + 3] for s in tick])
             await reader.wait_for("storm OPEN", reader.has(storm, ev.LIFECYCLE_OPEN))
@@ -310,8 +300,10 @@ async def telemetry_seqs(bootstrap: str, sources: set[str]) -> dict[str, list[in
     return seqs
 
 
-class GatewayProcess:
+class GatewayProcess(Process):
     """`fabricwatch gateway` as its own process (killed, restarted and measured)."""
+
+    stop_timeout_s = 20.0
 
     def __init__(self, bootstrap: str, logs: Path, *extra: str) -> None:
         self.bootstrap, self.logs, self.extra = bootstrap, logs, extra
@@ -345,17 +337,6 @@ class GatewayProcess:
                 return int(line.split()[1]) / 1024
         raise AssertionError("no VmRSS")
 
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 @contextlib.asynccontextmanager
@@ -618,7 +599,7 @@ async def test_skewed_clocks_and_out_of_order_duplicated_samples_keep_event_time
     worker = Worker(broker.bootstrap, tmp_path, app_id, "skew-worker").start()
     try:
         async with AnomalyReader(broker.bootstrap, "faults") as reader, \
-                in_process_gateway(broker.bootstrap) as sender:
+                gateway_and_sender(broker.bootstrap) as sender:
             for i in arrival:
                 for node, t0 in clocks.items():
                     sender.submit(nic_snapshot(source=node, t_ns=t0 + i * S, seq=i, cluster="faults",
@@ -657,7 +638,7 @@ async def test_worker_catching_up_on_a_backlog_marks_stale_findings_and_pages_on
         return [nic_snapshot(source=node, t_ns=t0 + i * S, seq=i, cluster="faults",
                              rates={1: "200 Gb/sec (4X HDR)"} if i >= 2 else {}) for i in range(4)]
 
-    async with AnomalyReader(broker.bootstrap, "faults") as reader, in_process_gateway(broker.bootstrap) as sender:
+    async with AnomalyReader(broker.bootstrap, "faults") as reader, gateway_and_sender(broker.bootstrap) as sender:
         await send(sender, downgrade(old_node, old_t0))          # the backlog: no worker consumes it yet
         worker = Worker(broker.bootstrap, tmp_path, app_id, "behind-worker").start()
         try:

@@ -489,7 +489,7 @@ def _sum(samples, name: str, **labels) -> float:
 async def test_worker_exports_consumption_lag_anomalies_and_checkpoint_age(kafka_bootstrap, tmp_path):
     import uuid
 
-    from test_pipeline_kafka import gateway_and_sender
+    from helpers import gateway_and_sender
 
     from fabricwatch.streams import topics
 

@@ -2,8 +2,6 @@
 
 The worker runs as its own process (`fabricwatch worker`), exactly as deployed.
 """
-import asyncio
-import contextlib
 import os
 import subprocess
 import sys
@@ -14,12 +12,10 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer
 from google.protobuf.message import DecodeError
-from helpers import nic_snapshot
+from helpers import gateway_and_sender, nic_snapshot
 
-from fabricwatch.collectors.sender import GatewaySender, SenderConfig
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.streams import topics
-from fabricwatch.streams.gateway import serve
 
 pytestmark = pytest.mark.kafka
 S = 10**9
@@ -57,24 +53,6 @@ async def collect_anomalies(bootstrap, want, timeout_s, group):
     finally:
         await consumer.stop()
     return found
-
-
-@contextlib.asynccontextmanager
-async def gateway_and_sender(bootstrap, port):
-    """The real gateway (in-process) on 127.0.0.1:port, and a collector sender streaming to it."""
-    await topics.ensure_topics(bootstrap, topics.ALL_TOPICS)
-    stop, ready = asyncio.Event(), asyncio.Event()
-    listen = f"127.0.0.1:{port}"
-    gateway = asyncio.create_task(serve(bootstrap, listen, ready=ready, stop=stop, cluster="it"))
-    await asyncio.wait_for(ready.wait(), 60)
-    sender = GatewaySender(SenderConfig(target=listen))
-    sender_task = asyncio.create_task(sender.run(stop))
-    try:
-        yield sender
-    finally:
-        stop.set()
-        await sender_task
-        await gateway
 
 
 async def test_downgrade_flows_through_the_whole_pipeline(kafka_bootstrap, tmp_path, unused_tcp_port):

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from helpers import running_gateway
 
 from fabricwatch import rank as rank_mod
 from fabricwatch.models.frames import RankStep
@@ -702,55 +703,47 @@ async def test_mpi_job_with_a_slowed_rank_is_named_a_straggler(kafka_bootstrap, 
     Kafka -> `fabricwatch worker` -> a straggler event naming exactly rank 2 of this job."""
     if not _mpi_available():
         pytest.skip(MPI_MISSING)
-    from fabricwatch.streams import topics
-    from fabricwatch.streams.gateway import serve
 
     steps, slow_rank, slow_from = 20, 2, 10
     tag = uuid.uuid4().hex[:8]
     app_id, job_id = f"fw-rank-{tag}", f"dp-{tag}"
     out = tmp_path / "reports"
     out.mkdir()
-    await topics.ensure_topics(kafka_bootstrap, topics.ALL_TOPICS)
     worker = start_worker_in(tmp_path, kafka_bootstrap, app_id)
-    stop, ready = asyncio.Event(), asyncio.Event()
-    listen = f"127.0.0.1:{unused_tcp_port}"
-    gateway = asyncio.create_task(serve(kafka_bootstrap, listen, ready=ready, stop=stop, cluster="it"))
     job = None
     try:
-        await asyncio.wait_for(ready.wait(), 60)
-        env = {**os.environ, "FABRICWATCH_GATEWAY": listen, "FABRICWATCH_JOB_ID": job_id,
-               "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-               "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        # The 4 ranks share one core: waiting ranks poll inside Allreduce, and with
-        # mpi_yield_when_idle they yield to the computing rank on that core, so every rank's
-        # busy time is fair and repeatable; the other core stays with broker, worker, gateway.
-        cpus = sorted(os.sched_getaffinity(0))
-        pin = ["taskset", "-c", str(cpus[-1])] if len(cpus) > 1 and shutil.which("taskset") else []
-        cmd = [*pin, "mpirun", "-np", "4", "--oversubscribe", "--bind-to", "none",
-               "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_vader_single_copy_mechanism", "none",
-               "-x", "FABRICWATCH_GATEWAY", "-x", "FABRICWATCH_JOB_ID",
-               sys.executable, str(TESTS / "dp_job.py"), "--steps", str(steps), "--slow-rank", str(slow_rank),
-               "--slow-from", str(slow_from), "--slow-factor", "6", "--micro", "24", "--out", str(out)]
-        log_path = tmp_path / "mpirun.log"
-        with open(log_path, "wb") as log:
-            t0 = time.monotonic()
-            job = await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-            rc = await asyncio.wait_for(job.wait(), 240)
-        print(f"mpirun job: {time.monotonic() - t0:.1f} s")
-        assert rc == 0, log_path.read_text()[-4000:]
-        reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
-        print_busy_ratios(reports, steps, step_col=3, busy_col=4)
-        for r, rep in enumerate(reports):
-            assert rep["identity"]["rank"] == r and rep["identity"]["job_id"] == job_id
-            assert rep["identity"]["launcher"] == "openmpi"
-            assert rep["stats"]["sent"] == steps, rep["stats"]       # all acked, the last ones by the exit flush
-            assert rep["stats"]["dropped_buffer_full"] == 0 and rep["stats"]["buffered"] == 0
-        await assert_straggler_named(kafka_bootstrap, tmp_path, app_id, job_id, reports, slow_rank, slow_from)
+        async with running_gateway(kafka_bootstrap, unused_tcp_port) as listen:
+            env = {**os.environ, "FABRICWATCH_GATEWAY": listen, "FABRICWATCH_JOB_ID": job_id,
+                   "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                   "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+            # The 4 ranks share one core: waiting ranks poll inside Allreduce, and with
+            # mpi_yield_when_idle they yield to the computing rank on that core, so every rank's
+            # busy time is fair and repeatable; the other core stays with broker, worker, gateway.
+            cpus = sorted(os.sched_getaffinity(0))
+            pin = ["taskset", "-c", str(cpus[-1])] if len(cpus) > 1 and shutil.which("taskset") else []
+            cmd = [*pin, "mpirun", "-np", "4", "--oversubscribe", "--bind-to", "none",
+                   "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_vader_single_copy_mechanism", "none",
+                   "-x", "FABRICWATCH_GATEWAY", "-x", "FABRICWATCH_JOB_ID",
+                   sys.executable, str(TESTS / "dp_job.py"), "--steps", str(steps), "--slow-rank", str(slow_rank),
+                   "--slow-from", str(slow_from), "--slow-factor", "6", "--micro", "24", "--out", str(out)]
+            log_path = tmp_path / "mpirun.log"
+            with open(log_path, "wb") as log:
+                t0 = time.monotonic()
+                job = await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+                rc = await asyncio.wait_for(job.wait(), 240)
+            print(f"mpirun job: {time.monotonic() - t0:.1f} s")
+            assert rc == 0, log_path.read_text()[-4000:]
+            reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+            print_busy_ratios(reports, steps, step_col=3, busy_col=4)
+            for r, rep in enumerate(reports):
+                assert rep["identity"]["rank"] == r and rep["identity"]["job_id"] == job_id
+                assert rep["identity"]["launcher"] == "openmpi"
+                assert rep["stats"]["sent"] == steps, rep["stats"]       # all acked, the last ones by the exit flush
+                assert rep["stats"]["dropped_buffer_full"] == 0 and rep["stats"]["buffered"] == 0
+            await assert_straggler_named(kafka_bootstrap, tmp_path, app_id, job_id, reports, slow_rank, slow_from)
     finally:
         if job is not None and job.returncode is None:
             job.kill()
             await job.wait()
-        stop.set()
-        await gateway
         worker.terminate()
         worker.wait(30)

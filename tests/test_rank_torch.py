@@ -22,6 +22,7 @@ import time
 import uuid
 
 import pytest
+from helpers import running_gateway
 from test_rank_sdk import TESTS, assert_straggler_named, print_busy_ratios, start_worker_in
 
 
@@ -38,62 +39,53 @@ async def test_torch_ddp_job_with_a_slowed_rank_is_named_a_straggler(kafka_boots
     """4 gloo ranks under DDP, a real all-reduce of the gradient bucket every step, rank 2
     slowed from step 10; `instrument_torch` -> gateway -> Kafka -> worker -> a straggler
     event naming exactly rank 2 of this job, with its node and GPU."""
-    from fabricwatch.streams import topics
-    from fabricwatch.streams.gateway import serve
-
     tag = uuid.uuid4().hex[:8]
     app_id, job_id = f"fw-torch-{tag}", f"ddp-{tag}"
     out = tmp_path / "reports"
     out.mkdir()
-    await topics.ensure_topics(kafka_bootstrap, topics.ALL_TOPICS)
     worker = start_worker_in(tmp_path, kafka_bootstrap, app_id)
-    stop, ready = asyncio.Event(), asyncio.Event()
-    listen = f"127.0.0.1:{unused_tcp_port}"
-    gateway = asyncio.create_task(serve(kafka_bootstrap, listen, ready=ready, stop=stop, cluster="it"))
     job = None
     try:
-        await asyncio.wait_for(ready.wait(), 60)
-        env = {**os.environ, "FABRICWATCH_GATEWAY": listen, "FABRICWATCH_JOB_ID": job_id,
-               "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-        # After start-up the 4 ranks share one core (as the MPI test's): a gloo rank waiting
-        # in the all-reduce sleeps, so the rank still computing gets the core and every
-        # rank's busy time is fair; the other core stays with broker, worker and gateway.
-        cpus = sorted(os.sched_getaffinity(0))
-        cmd = [sys.executable, str(TESTS / "dp_torch_job.py"), "--ranks", str(RANKS), "--steps", str(STEPS),
-               "--slow-rank", str(SLOW_RANK), "--slow-from", str(SLOW_FROM), "--eval-every", "5",
-               "--pin-cpu", str(cpus[-1] if len(cpus) > 1 else -1), "--out", str(out)]
-        log_path = tmp_path / "dp_torch_job.log"
-        with open(log_path, "wb") as log:
-            t0 = time.monotonic()
-            job = await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-            rc = await asyncio.wait_for(job.wait(), 300)
-        print(f"torch job: {time.monotonic() - t0:.1f} s")
-        assert rc == 0, log_path.read_text()[-4000:]
-        reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(RANKS)]
-        print_busy_ratios(reports, STEPS, step_col=4, busy_col=5)
-        for r, rep in enumerate(reports):
-            ident = rep["identity"]
-            assert (ident["job_id"], ident["rank"], ident["world_size"], ident["local_gpu"], ident["launcher"]) == \
-                (job_id, r, RANKS, r, "torchrun")
-            assert rep["hooks"] == 3 and rep["weights_equal"], "the all-reduce did not keep the replicas equal"
-            assert rep["stats"]["sent"] == STEPS, rep["stats"]       # all acked, the last ones by the exit flush
-            assert rep["stats"]["dropped_buffer_full"] == 0 and rep["stats"]["buffered"] == 0
-            assert rep["stats"]["misuse"] == 0
-            assert len(rep["eval_loss"]) == STEPS // 5
-            for step, _, _, sdk_step, step_s, busy_s, wait_s, own_s in rep["steps"]:
-                # the hooks' step is the loop's: forward pre-hook to optimizer post-hook, and the
-                # no-grad evaluation forward between steps is not part of the next one
-                assert sdk_step == step and own_s - 0.1 <= step_s <= own_s + 0.002, (r, step, step_s, own_s)
-                assert busy_s > 0 and wait_s >= 0 and busy_s + wait_s == pytest.approx(step_s)
+        async with running_gateway(kafka_bootstrap, unused_tcp_port) as listen:
+            env = {**os.environ, "FABRICWATCH_GATEWAY": listen, "FABRICWATCH_JOB_ID": job_id,
+                   "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+            # After start-up the 4 ranks share one core (as the MPI test's): a gloo rank waiting
+            # in the all-reduce sleeps, so the rank still computing gets the core and every
+            # rank's busy time is fair; the other core stays with broker, worker and gateway.
+            cpus = sorted(os.sched_getaffinity(0))
+            cmd = [sys.executable, str(TESTS / "dp_torch_job.py"), "--ranks", str(RANKS), "--steps", str(STEPS),
+                   "--slow-rank", str(SLOW_RANK), "--slow-from", str(SLOW_FROM), "--eval-every", "5",
+                   "--pin-cpu", str(cpus[-1] if len(cpus) > 1 else -1), "--out", str(out)]
+            log_path = tmp_path / "dp_torch_job.log"
+            with open(log_path, "wb") as log:
+                t0 = time.monotonic()
+                job = await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+                rc = await asyncio.wait_for(job.wait(), 300)
+            print(f"torch job: {time.monotonic() - t0:.1f} s")
+            assert rc == 0, log_path.read_text()[-4000:]
+            reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(RANKS)]
+            print_busy_ratios(reports, STEPS, step_col=4, busy_col=5)
+            for r, rep in enumerate(reports):
+                ident = rep["identity"]
+                assert (ident["job_id"], ident["rank"], ident["world_size"], ident["local_gpu"], ident["launcher"]) == \
+                    (job_id, r, RANKS, r, "torchrun")
+                assert rep["hooks"] == 3 and rep["weights_equal"], "the all-reduce did not keep the replicas equal"
+                assert rep["stats"]["sent"] == STEPS, rep["stats"]       # all acked, the last ones by the exit flush
+                assert rep["stats"]["dropped_buffer_full"] == 0 and rep["stats"]["buffered"] == 0
+                assert rep["stats"]["misuse"] == 0
+                assert len(rep["eval_loss"]) == STEPS // 5
+                for step, _, _, sdk_step, step_s, busy_s, wait_s, own_s in rep["steps"]:
+                    # the hooks' step is the loop's: forward pre-hook to optimizer post-hook, and the
+                    # no-grad evaluation forward between steps is not part of the next one
+                    assert sdk_step == step and own_s - 0.1 <= step_s <= own_s + 0.002, (r, step, step_s, own_s)
+                    assert busy_s > 0 and wait_s >= 0 and busy_s + wait_s == pytest.approx(step_s)
 
-        opened = await assert_straggler_named(kafka_bootstrap, tmp_path, app_id, job_id, reports, SLOW_RANK,
-                                              SLOW_FROM)
-        print(f"torch {reports[0]['torch']}: {opened.summary}")
+            opened = await assert_straggler_named(kafka_bootstrap, tmp_path, app_id, job_id, reports, SLOW_RANK,
+                                                  SLOW_FROM)
+            print(f"torch {reports[0]['torch']}: {opened.summary}")
     finally:
         if job is not None and job.returncode is None:
             job.kill()
             await job.wait()
-        stop.set()
-        await gateway
         worker.terminate()
         worker.wait(30)
