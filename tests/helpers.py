@@ -121,12 +121,18 @@ async def gateway_and_sender(bootstrap: str, port: int | None = None, **sender_o
     """`running_gateway` and a collector's `GatewaySender` streaming to it."""
     from fabricwatch.collectors.sender import GatewaySender, SenderConfig
 
-    async with running_gateway(bootstrap, port) as listen:
-        sender = GatewaySender(SenderConfig(target=listen, **sender_options))
-        stop = asyncio.Event()
-        sender_task = asyncio.create_task(sender.run(stop))
-        try:
-            yield sender
-        finally:
-            stop.set()
-            await sender_task
+    async with running_gateway(bootstrap, port) as listen, \
+            running(GatewaySender(SenderConfig(target=listen, **sender_options))) as sender:
+        yield sender
+
+
+@contextlib.asynccontextmanager
+async def running(sender):
+    """A `GatewaySender` streaming in the background for the duration of the block."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(sender.run(stop))
+    try:
+        yield sender
+    finally:
+        stop.set()
+        await task

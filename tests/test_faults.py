@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 from aiokafka import AIOKafkaConsumer
-from helpers import RecordingSink, free_port, gateway_and_sender, nic_snapshot
+from helpers import RecordingSink, free_port, gateway_and_sender, nic_snapshot, running
 
 from fabricwatch.collectors.faults import PfcStorm, Straggler
 from fabricwatch.collectors.sender import GatewaySender, SenderConfig
@@ -337,17 +337,6 @@ class GatewayProcess(Process):
                 return int(line.split()[1]) / 1024
         raise AssertionError("no VmRSS")
 
-
-
-@contextlib.asynccontextmanager
-async def running(sender: GatewaySender):
-    stop = asyncio.Event()
-    task = asyncio.create_task(sender.run(stop))
-    try:
-        yield sender
-    finally:
-        stop.set()
-        await task
 
 
 def small_snapshot(source: str, seq: int) -> pb.Snapshot:
