@@ -2,7 +2,11 @@
 
 Every tick produces one `Snapshot` per node (a GPU block, a NIC_PORT block, XID events,
 the `RankStep`s of the training steps that ended in the tick) and one per switch (a
-SWITCH_PORT block), with counters RAW: monotonic totals in the source's unit
+SWITCH_PORT block); with a `Cadence` (``COLLECTOR_CADENCE``: what the real collectors do)
+the physics runs at the PFC interval and each 100 ms tick of a node carries only its PFC
+columns (the node collector's ``ethtool_pfc`` group, in its layout), while the full node
+snapshot (sysfs, ethtool, NVML) and the switches' (gNMI) come every second, the node's
+half a PFC interval after its PFC tick as the collector phases them. Counters are RAW: monotonic totals in the source's unit
 (``port_xmit_data`` in 4-byte words, pause durations in microseconds, energy in mJ),
 32-bit hw counters wrapping, 16/8-bit IB error counters saturating, labels as sysfs
 prints them. What a NIC transmits its leaf port receives; pause frames a NIC sends its
@@ -57,7 +61,7 @@ from fabricwatch.models.topology import Topology, rail_optimised
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 
 __all__ = [
-    "ClusterSimulator", "Job", "auto_jobs", "demo_scenario",
+    "COLLECTOR_CADENCE", "Cadence", "ClusterSimulator", "Job", "auto_jobs", "demo_scenario",
     "NIC_COUNTERS", "GPU_COUNTERS", "SWITCH_COUNTERS", "SWITCH_PORT_GAUGES",
 ]
 
@@ -82,6 +86,14 @@ SWITCH_COUNTERS = (
 )
 SWITCH_PORT_GAUGES = tuple(SWITCH_GAUGES) + ("queue3-occupancy-bytes",)
 
+# The node collector's fast (PFC) group of ethtool -S, as `collectors.ethtool_stats.FAST_PATTERNS`
+# keeps it, in NIC_COUNTERS order; the 1 s tick carries the other NIC counters.
+NIC_PFC_COUNTERS = tuple(n for n in NIC_COUNTERS if re.fullmatch(
+    r"(rx|tx)_prio[0-7]_(pause|pause_duration|bytes|packets)|rx_prio[0-7]_pause_transition"
+    r"|tx_pause_storm_(warning|error)_events", n))
+NIC_FULL_COUNTERS = tuple(n for n in NIC_COUNTERS if n not in NIC_PFC_COUNTERS)
+NIC_PFC_GAUGES = ("netdev_speed_mbps",)
+
 _NC = {n: i for i, n in enumerate(NIC_COUNTERS)}
 _GC = {n: i for i, n in enumerate(GPU_COUNTERS)}
 _SC = {n: i for i, n in enumerate(SWITCH_COUNTERS)}
@@ -105,6 +117,28 @@ _DGX_NIC_BDF = ("0000:18:00.0", "0000:40:00.0", "0000:4f:00.0", "0000:5e:00.0",
                 "0000:9a:00.0", "0000:c0:00.0", "0000:ce:00.0", "0000:dc:00.0")
 _DGX_GPU_BDF = ("0000:1b:00.0", "0000:43:00.0", "0000:52:00.0", "0000:61:00.0",
                 "0000:9d:00.0", "0000:c3:00.0", "0000:d1:00.0", "0000:df:00.0")
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """When the real collectors read what (seconds): PFC counters fast, the rest slower."""
+
+    pfc_interval_s: float = 0.1      # the node collector's `intervals.ethtool_pfc`
+    full_interval_s: float = 1.0     # its sysfs / ethtool / NVML intervals, and the switches' gNMI SAMPLE
+
+    def __post_init__(self) -> None:
+        ratio = self.full_interval_s / self.pfc_interval_s
+        if not (0.05 <= self.pfc_interval_s <= self.full_interval_s and abs(ratio - round(ratio)) < 1e-9):
+            raise ValueError(f"cadence: the full interval ({self.full_interval_s}) must be a whole multiple of "
+                             f"the PFC interval ({self.pfc_interval_s}), which is >= 0.05 s")
+
+    @property
+    def full_every(self) -> int:
+        return int(round(self.full_interval_s / self.pfc_interval_s))
+
+
+#: The collectors' defaults (docs/collectors.md): PFC every 100 ms, everything else every second.
+COLLECTOR_CADENCE = Cadence()
 
 
 # --------------------------------------------------------------------------- jobs
@@ -324,11 +358,16 @@ class ClusterSimulator:
     faults : `fabricwatch.collectors.faults` dataclasses, times relative to the start.
     interval_s : sampling interval in seconds (0.05 .. 60; 0.1 for PFC-rate sampling).
     rank_steps : emit `RankStep` messages (off for pure fabric benchmarks).
+    cadence : sample as the real collectors do (`Cadence`; ``interval_s`` is then its PFC
+        interval): PFC-only node ticks between full ones. None: every block every tick.
     """
 
     def __init__(self, topology: Topology, *, seed: int = 0, start_unix_ns: int = DEFAULT_START_UNIX_NS,
                  jobs: list[Job] | None = None, faults=(), interval_s: float = 1.0,
-                 rank_steps: bool = True) -> None:
+                 rank_steps: bool = True, cadence: Cadence | None = None) -> None:
+        if cadence is not None:
+            interval_s = cadence.pfc_interval_s
+        self.cadence = cadence
         if not 0.05 <= interval_s <= 60:
             raise ValueError(f"interval_s must be in [0.05, 60], got {interval_s!r}")
         self.topology = topology
@@ -1323,13 +1362,23 @@ class ClusterSimulator:
              pb.LabelColumn(name="netdev", values=[self._nic_netdev[p] for p in ports.tolist()]),
              pb.LabelColumn(name="pci_bdf", values=[self._nic_bdf[p] for p in ports.tolist()])]
             for ports in self._node_ports]
+        self._nic_netdev_labels = [[pb.LabelColumn(name="netdev", values=[self._nic_netdev[p] for p in ports.tolist()])]
+                                   for ports in self._node_ports]
+        self._nic_pfc_cols = np.array([_NC[c] for c in NIC_PFC_COUNTERS], dtype=np.intp)
+        self._nic_full_cols = np.array([_NC[c] for c in NIC_FULL_COUNTERS], dtype=np.intp)
+        self._nic_speed_col = np.array([NIC_GAUGES.index(g) for g in NIC_PFC_GAUGES], dtype=np.intp)
         self._gpu_static_labels = [
             [pb.LabelColumn(name=name, values=[lab[name] for lab in node]) for name in ("uuid", "pci_bdf")]
             for node in self._gpu_labels]
         self._sw_ids = [[self._sp_name[p] for p in ports.tolist()] for ports in self._switch_ports]
 
     def _snapshots(self, fs: _FaultState, steps: list, t1: float) -> list[pb.Snapshot]:
-        """Every snapshot of this tick: columnar blocks filled straight from the state matrices."""
+        """Every snapshot of this tick: columnar blocks filled straight from the state matrices.
+
+        With a cadence, a node's tick carries its PFC columns, and every `Cadence.full_every`
+        ticks a second snapshot half a PFC interval later carries the rest; switches report
+        on those ticks only.
+        """
         rng = self._rng
         N, G = len(self._nodes), self.G
         t1_ns = self.start_unix_ns + int(round(t1 * 1e9))
@@ -1338,34 +1387,49 @@ class ClusterSimulator:
         node_ts = (t1_ns + skew_ns).tolist()
         steps_by_node = self._rank_steps_by_node(steps, skew_ns) if self.rank_steps else {}
         rate_now, down_now, down_phys = self._fs_labels
+        cadence = self.cadence
+        full = cadence is None or self._ticks % cadence.full_every == 0
         out: list[pb.Snapshot] = []
         live = ~fs.node_down
-        self._seq_node += live
+        self._seq_node += live * (1 + (cadence is not None and full))
         seq = self._seq_node.tolist()
+        half_ns = int(round(self.interval_s * 5e8))
         for n in np.nonzero(live)[0].tolist():
+            ports = self._node_ports[n]
+            if cadence is not None:
+                pfc = pb.Snapshot(cluster=self._cluster, source=self._nodes[n], source_kind=pb.SOURCE_KIND_NODE,
+                                  time_unix_ns=node_ts[n], seq=seq[n] - full)
+                pfc.blocks.add(entity_kind=pb.ENTITY_KIND_NIC_PORT, entity_ids=self._nic_ids_of_node[n],
+                               counter_names=NIC_PFC_COUNTERS, gauge_names=NIC_PFC_GAUGES,
+                               counters=self._nic.values[ports][:, self._nic_pfc_cols].ravel().tolist(),
+                               gauges=self._nic_gauges[ports][:, self._nic_speed_col].ravel().tolist(),
+                               labels=self._nic_netdev_labels[n])
+                self._events_into(pfc, fs, n, skew_ns)
+                pfc.rank_steps.extend(steps_by_node.get(n, ()))
+                out.append(pfc)
+                if not full:
+                    continue
             snap = pb.Snapshot(cluster=self._cluster, source=self._nodes[n], source_kind=pb.SOURCE_KIND_NODE,
-                               time_unix_ns=node_ts[n], seq=seq[n])
+                               time_unix_ns=node_ts[n] + (half_ns if cadence is not None else 0), seq=seq[n])
             rows = slice(n * G, (n + 1) * G)
             snap.blocks.add(entity_kind=pb.ENTITY_KIND_GPU, entity_ids=self._gpu_ids, counter_names=GPU_COUNTERS,
                             gauge_names=GPU_GAUGES, counters=self._gpu.values[rows].ravel().tolist(),
                             gauges=self._gpu_gauges[rows].ravel().tolist(), labels=self._gpu_static_labels[n])
-            ports = self._node_ports[n]
+            names, values = NIC_COUNTERS, self._nic.values[ports]
+            if cadence is not None:
+                names, values = NIC_FULL_COUNTERS, values[:, self._nic_full_cols]
             nic = snap.blocks.add(entity_kind=pb.ENTITY_KIND_NIC_PORT, entity_ids=self._nic_ids_of_node[n],
-                                  counter_names=NIC_COUNTERS, gauge_names=NIC_GAUGES,
-                                  counters=self._nic.values[ports].ravel().tolist(),
+                                  counter_names=names, gauge_names=NIC_GAUGES, counters=values.ravel().tolist(),
                                   gauges=self._nic_gauges[ports].ravel().tolist(), labels=self._nic_static_labels[n])
             links = [self._nic_link_labels(p, rate_now, down_now, down_phys) for p in ports.tolist()]
             for name, values in zip(("rate", "state", "phys_state"), zip(*links)):
                 nic.labels.add(name=name, values=values)
-            for kind, gpu, code, t in fs.events.get(n, ()):
-                if kind == "xid":
-                    detail = f"Xid (PCI:{self._gpu_bdf[gpu][:-2]}): {code}, {XID_TEXT.get(code, 'Unknown Xid')}"
-                else:
-                    detail = f"{code} double-bit ECC error(s)"
-                snap.events.add(entity_id=self._gpu_ids[gpu], kind=kind, code=code if kind == "xid" else 0,
-                                time_unix_ns=self.start_unix_ns + int(round(t * 1e9)) + int(skew_ns[n]), detail=detail)
-            snap.rank_steps.extend(steps_by_node.get(n, ()))
+            if cadence is None:
+                self._events_into(snap, fs, n, skew_ns)
+                snap.rank_steps.extend(steps_by_node.get(n, ()))
             out.append(snap)
+        if not full:
+            return out
         S = len(self._switches)
         sw_ts = (t1_ns + np.round(rng.normal(0, 2e5, S)).astype(np.int64)).tolist()
         self._seq_sw += 1
@@ -1380,6 +1444,15 @@ class ClusterSimulator:
                             gauges=self._sw_gauges[rows].ravel().tolist())
             out.append(snap)
         return out
+
+    def _events_into(self, snap: pb.Snapshot, fs: _FaultState, n: int, skew_ns: np.ndarray) -> None:
+        for kind, gpu, code, t in fs.events.get(n, ()):
+            if kind == "xid":
+                detail = f"Xid (PCI:{self._gpu_bdf[gpu][:-2]}): {code}, {XID_TEXT.get(code, 'Unknown Xid')}"
+            else:
+                detail = f"{code} double-bit ECC error(s)"
+            snap.events.add(entity_id=self._gpu_ids[gpu], kind=kind, code=code if kind == "xid" else 0,
+                            time_unix_ns=self.start_unix_ns + int(round(t * 1e9)) + int(skew_ns[n]), detail=detail)
 
     def _rank_steps_by_node(self, steps: list, skew_ns: np.ndarray) -> dict[int, list[pb.RankStep]]:
         """`RankStep` messages of the steps that ended this tick, grouped by node index."""

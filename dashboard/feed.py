@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 
 from fabricwatch.protos.v1 import events_pb2 as ev
+from fabricwatch.protos.v1 import records_pb2 as rec
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.streams import topics
+from fabricwatch.streams.decode import unpack
 
 from .state import FabricState
 
@@ -48,8 +50,8 @@ def apply_record(state: FabricState, topic: str, value: bytes | None) -> bool:
     try:
         if value is None:
             raise DecodeError("empty record value")
-        if topic == topics.TELEMETRY:
-            return state.add_snapshot(pb.Snapshot.FromString(value))
+        if topic == topics.TELEMETRY:      # a record carries several ticks of one source
+            return all([state.add_snapshot(snap) for snap in unpack(rec.SourceRecord.FromString(value))])
         if topic == topics.RANK_STEPS:
             return state.add_rank_steps(pb.Snapshot.FromString(value))
         if topic == topics.ANOMALIES:

@@ -1,10 +1,13 @@
 """Ingest gateway: collectors stream snapshots over gRPC; valid ones go to Kafka.
 
-Each snapshot is validated (`streams.validate`); its node/switch counters go to the
-telemetry topic keyed by source (all samples of an entity land in one partition, in
-order) and its rank steps to the rank-steps topic keyed by job (a job's ranks meet in
-one partition). A batch is acked only after Kafka has accepted every record of it, so a
-collector that loses its stream resends the unacked batches and nothing valid is lost.
+Each snapshot is validated (`streams.validate`). The counters of a batch's snapshots go to
+the telemetry topic keyed by source (all samples of an entity land in one partition, in
+order), as one `SourceRecord` per source (`streams.decode.pack`: a collector lingers ~2 s,
+so a record carries ~20 ticks, and the worker pays its per-record costs once for them
+all); the rank steps go to the rank-steps topic keyed by job (a job's ranks meet in one
+partition), one record per job and batch. A batch is acked only after Kafka has accepted
+every record of it, so a collector that loses its stream resends the unacked batches and
+nothing valid is lost.
 """
 from __future__ import annotations
 
@@ -26,11 +29,14 @@ from fabricwatch.protos.v1 import telemetry_pb2_grpc as pb_grpc
 
 from . import topics
 from .auth import Collector, TokenAuth
+from .decode import pack
 from .validate import validate_snapshot
 
 log = logging.getLogger("fabricwatch.gateway")
 MAX_REJECTIONS_IN_ACK = 20
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# A telemetry record is cut into several above this (Kafka's default limit is 1 MB).
+MAX_RECORD_BYTES = 900 * 1024
 
 
 class RecordSink(Protocol):
@@ -231,7 +237,7 @@ class IngestService(pb_grpc.IngestServicer):
 
     async def _ingest(self, batch: pb.IngestBatch, collector: Collector | None) -> pb.IngestAck:
         ack = pb.IngestAck(batch_id=batch.batch_id)
-        records: list[tuple[str, bytes, bytes]] = []
+        accepted: list[pb.Snapshot] = []
         now_ns = time.time_ns()
         for index, snap in enumerate(batch.snapshots):
             if collector is not None and not collector.may_report(snap.source):
@@ -257,7 +263,8 @@ class IngestService(pb_grpc.IngestServicer):
                 continue
             ack.accepted += 1
             ack.dropped_parts += len(problems)
-            records.extend(split_records(snap))
+            accepted.append(snap)
+        records = split_records(accepted, now_ns)
         if records:
             started = time.perf_counter()
             try:
@@ -276,22 +283,39 @@ class IngestService(pb_grpc.IngestServicer):
         return ack
 
 
-def split_records(snap: pb.Snapshot) -> list[tuple[str, bytes, bytes]]:
-    """A snapshot's counters keyed by source; its rank steps grouped and keyed by job."""
-    records = []
-    rank_steps = list(snap.rank_steps)
-    if rank_steps:
-        del snap.rank_steps[:]
-    if snap.blocks or snap.events:
-        records.append((topics.TELEMETRY, snap.source.encode(), snap.SerializeToString()))
+def split_records(snaps: list[pb.Snapshot], received_ns: int = 0) -> list[tuple[str, bytes, bytes]]:
+    """A batch's validated snapshots as Kafka records: per source its ticks (rank steps
+    removed) in one `SourceRecord` or a few, cut below `MAX_RECORD_BYTES`; per job its rank
+    steps in one carrier `Snapshot`."""
+    records: list[tuple[str, bytes, bytes]] = []
+    by_source: dict[str, list[pb.Snapshot]] = {}
     by_job: dict[str, list[pb.RankStep]] = {}
-    for rs in rank_steps:
-        by_job.setdefault(rs.job_id, []).append(rs)
+    carrier_of: dict[str, pb.Snapshot] = {}
+    for snap in snaps:
+        for rs in snap.rank_steps:
+            by_job.setdefault(rs.job_id, []).append(rs)
+            carrier_of.setdefault(rs.job_id, snap)
+        if snap.blocks or snap.events:
+            by_source.setdefault(snap.source, []).append(snap)
+    for source, ticks in by_source.items():
+        ticks.sort(key=lambda s: s.time_unix_ns)
+        for part in _packed(ticks, received_ns):
+            records.append((topics.TELEMETRY, source.encode(), part))
     for job_id, steps in by_job.items():
-        carrier = pb.Snapshot(cluster=snap.cluster, source=snap.source, source_kind=snap.source_kind,
-                              time_unix_ns=snap.time_unix_ns, seq=snap.seq, rank_steps=steps)
+        first = carrier_of[job_id]
+        carrier = pb.Snapshot(cluster=first.cluster, source=first.source, source_kind=first.source_kind,
+                              time_unix_ns=first.time_unix_ns, seq=first.seq, rank_steps=steps)
         records.append((topics.RANK_STEPS, job_id.encode(), carrier.SerializeToString()))
     return records
+
+
+def _packed(ticks: list[pb.Snapshot], received_ns: int) -> list[bytes]:
+    """One record of these ticks, or several of consecutive ticks where one would be too big."""
+    data = pack(ticks, received_ns).SerializeToString()
+    if len(data) <= MAX_RECORD_BYTES or len(ticks) == 1:
+        return [data]
+    half = len(ticks) // 2
+    return _packed(ticks[:half], received_ns) + _packed(ticks[half:], received_ns)
 
 
 def server_credentials(cert_path: str, key_path: str, client_ca_path: str | None = None) -> grpc.ServerCredentials:

@@ -3,7 +3,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
@@ -72,9 +77,24 @@ class RecordingSink:
         self.records.extend(records)
 
     def snapshots(self):
-        from fabricwatch.streams import topics
+        """The snapshots of every telemetry record written, in order."""
+        return telemetry_snapshots(self.records)
 
-        return [pb.Snapshot.FromString(v) for t, k, v in self.records if t == topics.TELEMETRY]
+
+def telemetry_snapshots(records) -> list:
+    """Snapshots of the telemetry-topic records among (topic, key, value) triples."""
+    from fabricwatch.protos.v1 import records_pb2 as rec
+    from fabricwatch.streams import topics
+    from fabricwatch.streams.decode import unpack
+
+    return [s for t, k, v in records if t == topics.TELEMETRY for s in unpack(rec.SourceRecord.FromString(v))]
+
+
+def telemetry_value(*snaps) -> bytes:
+    """The telemetry topic's value for these ticks of one source (what the gateway writes)."""
+    from fabricwatch.streams.decode import pack
+
+    return pack(snaps).SerializeToString()
 
 
 def free_port() -> int:
@@ -136,3 +156,57 @@ async def running(sender):
     finally:
         stop.set()
         await task
+
+
+# ---------------------------------------------------------------------- service processes
+WORKER_READY_TIMEOUT_S = 120
+# Short Kafka group timeouts so that a worker takes over a killed one's partitions in
+# seconds (Faust's default session timeout is 60 s); read by Faust from the environment.
+FAST_GROUP_ENV = {"BROKER_SESSION_TIMEOUT": "6", "BROKER_HEARTBEAT_INTERVAL": "1"}
+
+
+class Process:
+    """A service under test as a child process: `kill()` is kill -9, `stop()` a SIGTERM first."""
+
+    proc: subprocess.Popen | None = None
+    stop_timeout_s = 30.0
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class Worker(Process):
+    """One `fabricwatch worker` process; `start()` starts it (again)."""
+
+    def __init__(self, bootstrap: str, logs: Path, app_id: str, name: str, *extra: str, env=None) -> None:
+        self.bootstrap, self.logs, self.app_id, self.name = bootstrap, logs, app_id, name
+        self.extra, self.env = extra, env or {}
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.logs / f"{self.name}.log"
+
+    def start(self) -> Worker:
+        ready = self.logs / f"{self.name}.ready"
+        ready.unlink(missing_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "fabricwatch.cli", "--log-level", "INFO", "worker", "--broker", self.bootstrap,
+                 "--app-id", self.app_id, *self.extra], stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env, "FABRICWATCH_WORKER_READY_FILE": str(ready)})
+        deadline = time.monotonic() + WORKER_READY_TIMEOUT_S
+        while not ready.exists():
+            assert self.proc.poll() is None, self.log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"{self.name} did not join its group in {WORKER_READY_TIMEOUT_S} s"
+            time.sleep(0.2)
+        return self

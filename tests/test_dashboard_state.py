@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import gpu_block, nic_snapshot
+from helpers import gpu_block, nic_snapshot, telemetry_value
 
 from fabricwatch.dashboard.feed import apply_record
 from fabricwatch.dashboard.state import (
@@ -299,8 +299,8 @@ def test_bad_records_are_counted_never_raised():
     assert not apply_record(state, "fabricwatch.unknown.v1", b"")
     assert apply_record(state, topics.ANOMALIES, storm_event().SerializeToString())
     assert apply_record(state, topics.AUDIT, decision().SerializeToString())
-    assert apply_record(state, topics.TELEMETRY, nic_tick(0, 1, 0, 0, 0).SerializeToString())
+    assert apply_record(state, topics.TELEMETRY, telemetry_value(nic_tick(0, 1, 0, 0, 0)))
     assert apply_record(state, topics.RANK_STEPS, rank_steps("j", [(0, 1, 1.0, 0.5)]).SerializeToString())
     assert {k: v for k, v in state.stats.items() if k.startswith("bad_records")} == {
-        "bad_records:fabricwatch.anomalies.v1": 1, "bad_records:fabricwatch.telemetry.v1": 1,
+        "bad_records:fabricwatch.anomalies.v1": 1, f"bad_records:{topics.TELEMETRY}": 1,
         "bad_records:fabricwatch.unknown.v1": 1}

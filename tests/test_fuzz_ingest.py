@@ -4,6 +4,7 @@ Each surface runs FABRICWATCH_FUZZ_EXAMPLES generated inputs (default 200 in the
 `FABRICWATCH_FUZZ_EXAMPLES=100000 python3 -m pytest tests/test_fuzz_ingest.py` for a long
 run). A crash here is a bug: bad input must become a counted rejection.
 """
+import io
 import math
 import os
 import time
@@ -95,10 +96,10 @@ def test_validation_then_detection_never_crashes_on_generated_snapshots(snap):
 @FUZZ
 @given(st.binary(max_size=2048))
 def test_worker_skips_malformed_records(raw):
-    stages = StageHandlers(DetectionPipeline())
-    stages.on_snapshot(raw)                                 # never raises
-    stages.on_rank_steps(raw)
-    stages.on_pause_state(raw)
+    stages, pipeline = StageHandlers(), DetectionPipeline()
+    stages.on_telemetry(raw, pipeline.sources, 0)           # never raises
+    stages.on_rank_steps(raw, pipeline.stragglers, 0)
+    stages.on_pause_state(raw, pipeline.storms)
     assert stages.stats["processing_errors"] == 0
 
 
@@ -108,4 +109,16 @@ def test_replay_input_lines_never_crash(lines):
     from collections import Counter
 
     stats = Counter()
-    assert all(isinstance(s, pb.Snapshot) for s in read_snapshots(lines, stats))
+    data = io.BytesIO("\n".join(lines).encode(errors="surrogatepass"))
+    assert all(isinstance(s, pb.Snapshot) for s in read_snapshots(data, stats))
+
+
+@FUZZ
+@given(st.binary(max_size=4096))
+def test_binary_recordings_never_crash(tail):
+    from collections import Counter
+
+    from fabricwatch.streams.recording import MAGIC
+
+    stats = Counter()
+    assert all(isinstance(s, pb.Snapshot) for s in read_snapshots(io.BytesIO(MAGIC + tail), stats))

@@ -25,7 +25,7 @@ from fabricwatch.streams.gateway import IngestService
 
 
 def sources(sink):
-    return [pb.Snapshot.FromString(v).source for t, k, v in sink.records if t == topics.TELEMETRY]
+    return [s.source for s in sink.snapshots()]
 
 
 async def test_batch_is_acked_with_counts_and_valid_parts_kept():
@@ -43,7 +43,7 @@ async def test_batch_is_acked_with_counts_and_valid_parts_kept():
         assert dict(ack.problems_by_reason) == {"bad_counter_count": 1, "bad_source": 1}
         assert [r.index for r in ack.rejections] == [1, 2]
         assert sources(sink) == ["node-0001", "node-0002"]
-        kept = pb.Snapshot.FromString(sink.records[1][2])
+        kept = sink.snapshots()[1]
         assert [b.entity_kind for b in kept.blocks] == [pb.ENTITY_KIND_NIC_PORT]
     finally:
         await server.stop(0)
@@ -61,7 +61,7 @@ async def test_records_are_keyed_by_source_and_rank_steps_by_job():
             await pb_grpc.IngestStub(ch).Send(pb.IngestBatch(snapshots=[snap]))
         keys = sorted((t, k) for t, k, v in sink.records)
         assert keys == [(topics.RANK_STEPS, b"job-a"), (topics.RANK_STEPS, b"job-b"), (topics.TELEMETRY, b"node-0003")]
-        telemetry = [pb.Snapshot.FromString(v) for t, k, v in sink.records if t == topics.TELEMETRY][0]
+        telemetry, = sink.snapshots()
         assert len(telemetry.rank_steps) == 0
     finally:
         await server.stop(0)
@@ -110,7 +110,7 @@ async def test_sender_buffers_across_a_gateway_outage_and_resends_in_order():
         assert sender.buffered == 40
         server = await start_server(service, port)  # back
         assert await sender.drain(15)
-        seqs = [pb.Snapshot.FromString(v).seq for t, k, v in sink.records]
+        seqs = [s.seq for s in sink.snapshots()]
         assert seqs == list(range(60))            # nothing lost, nothing reordered
         assert sender.stats["dropped_buffer_full"] == 0
     finally:
@@ -171,7 +171,7 @@ async def test_sender_recovers_when_the_gateway_dies_with_the_window_full():
         sink.fail = False
         server = await start_server(service, port)
         assert await sender.drain(15), sender.stats
-        assert sorted(pb.Snapshot.FromString(v).seq for t, k, v in sink.records) == list(range(10))
+        assert sorted(s.seq for s in sink.snapshots()) == list(range(10))
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)          # and it stops when asked

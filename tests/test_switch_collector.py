@@ -19,7 +19,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from helpers import entity_rows
+from helpers import RecordingSink, entity_rows
 
 from fabricwatch.collectors.gnmi_profiles import PROFILES, compile_profile, expand_paths, split_path
 from fabricwatch.collectors.gnmi_switch import (
@@ -594,14 +594,6 @@ def sample_index(snap_table: dict) -> int:
     return ks.pop()
 
 
-class RecordingSink:
-    def __init__(self):
-        self.records = []
-
-    async def write(self, records):
-        self.records.extend(records)
-
-
 async def test_end_to_end_fake_target_over_mtls_to_the_gateway(fake_server_bin, pki, tmp_path):
     sink, gw_port = RecordingSink(), free_port()
     gateway = grpc.aio.server()
@@ -620,14 +612,14 @@ async def test_end_to_end_fake_target_over_mtls_to_the_gateway(fake_server_bin, 
         stop = asyncio.Event()
         task = asyncio.create_task(collect(config, stop=stop))
         try:
-            await until(lambda: len(sink.records) >= 6, 20, "6 snapshots at the gateway")
+            await until(lambda: len(sink.snapshots()) >= 6, 20, "6 snapshots at the gateway")
         finally:
             stop.set()
             stats = await asyncio.wait_for(task, 20)
     await gateway.stop(0)
     assert stats["drained"] == 1 and stats["sender_rejected"] == 0 and stats["stream_errors"] == 0
     assert {(t, k) for t, k, _ in sink.records} == {(topics.TELEMETRY, b"leaf-01")}
-    snaps = [pb.Snapshot.FromString(v) for _, _, v in sink.records]
+    snaps = sink.snapshots()
     assert [s.seq for s in snaps] == list(range(1, len(snaps) + 1))
     views = [to_view(s) for s in snaps]
     assert all((v.cluster, v.source, v.source_kind) == ("c1", "leaf-01", "switch") for v in views)
