@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .detector import PerTick
 from .findings import CRITICAL, OPEN, RESOLVED, UPDATE, WARNING, EntityRef, Evidence, Finding
-from .frames import GPU, SourceView
+from .frames import GPU, LayoutGroup, SourceBatch, SourceView
 
 DETECTOR = "gpu_faults/v1"
 QUIET_S = 600.0
@@ -48,13 +49,47 @@ class _Open:
 
 
 @dataclass
-class GpuFaultDetector:
+class GpuFaultDetector(PerTick):
     quiet_s: float = QUIET_S
     _open: dict[str, _Open] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.quiet_s <= 0:
             raise ValueError("quiet_s must be > 0")
+
+    READS_EVENTS = True
+
+    def reads(self, kind, counter_names, gauge_names, label_names) -> bool:
+        return kind == GPU and "ecc_uncorrected_volatile_total" in counter_names
+
+    def screen(self, group: LayoutGroup) -> None:
+        """Per GPU stack of a layout group: any new uncorrectable ECC error?"""
+        kind, _, counter_names, _ = group.key
+        if kind != GPU or "ecc_uncorrected_volatile_total" not in counter_names or group.rates is None:
+            return
+        j = counter_names.index("ecc_uncorrected_volatile_total")
+        new = group.segment_any((group.rates[:, :, j] > 0).any(axis=1))
+        for i, stack in enumerate(group.stacks):
+            stack.screens["ecc"] = bool(new[i])
+
+    def update_batch(self, batch: SourceBatch) -> list[Finding]:
+        """Tick by tick only when a record has an event or a new ECC error; else only quiet resolutions."""
+        if not batch.events:
+            quiet = True
+            for stack in batch.stacks:
+                j = stack.column("ecc_uncorrected_volatile_total") if stack.kind == GPU else None
+                if j is None or stack.rates is None:
+                    continue
+                screened = stack.screens.get("ecc")
+                if screened or (screened is None and (stack.rates[:, :, j] > 0).any()):
+                    quiet = False
+                    break
+            if quiet:
+                if not self._open:
+                    return []
+                return self._resolve_quiet(SourceView(batch.cluster, batch.source, batch.source_kind,
+                                                      int(batch.times_ns[-1]), 0))
+        return super().update_batch(batch)
 
     def update(self, view: SourceView) -> list[Finding]:
         out: list[Finding] = []

@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .detector import PerTick
 from .findings import CRITICAL, OPEN, RESOLVED, UPDATE, WARNING, EntityRef, Evidence, Finding
-from .frames import NIC_PORT, SWITCH_PORT, EntityFrame, SourceView
+from .frames import NIC_PORT, SWITCH_PORT, EntityFrame, FrameStack, LayoutGroup, SourceBatch, SourceView
 from .topology import Topology
 
 DETECTOR = "link_flap/v2"
@@ -63,7 +64,7 @@ class _Down:
 
 
 @dataclass
-class LinkFlapDetector:
+class LinkFlapDetector(PerTick):
     topology: Topology | None = None
     quiet_s: float = QUIET_S
     max_down_s: float = MAX_DOWN_S
@@ -72,7 +73,8 @@ class LinkFlapDetector:
     _down: dict[tuple[str, str], _Down] = field(default_factory=dict, repr=False)
     _outage_ended: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)
     _half_transitions: dict[tuple[str, str], float] = field(default_factory=dict, repr=False)
-    _admin: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict, repr=False)
+    # (switch, port ids) -> (admin_up per port as last seen, event time it last changed; 0 = never)
+    _admin: dict[tuple[str, tuple[str, ...]], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     _recent_admin: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)  # port -> change ns
 
     def __post_init__(self) -> None:
@@ -81,6 +83,55 @@ class LinkFlapDetector:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.admin_grace_s < 0:
             raise ValueError("admin_grace_s must be >= 0")
+
+    def reads(self, kind, counter_names, gauge_names, label_names) -> bool:
+        if kind == NIC_PORT:
+            return bool({"link_downed", "link_down_events_phy"} & set(counter_names)) or "state" in label_names
+        return kind == SWITCH_PORT and bool({"interface-transitions"} & set(counter_names)
+                                            or {"oper_up", "admin_up"} & set(gauge_names))
+
+    def update_batch(self, batch: SourceBatch) -> list[Finding]:
+        """NIC blocks with no down event, every port ACTIVE and nothing remembered of them
+        change nothing: only the source's quiet episodes can resolve. Anything else (and
+        every switch block: admin toggles are tracked) goes tick by tick."""
+        busy = [s for s in batch.stacks if s.kind == SWITCH_PORT or (s.kind == NIC_PORT and not self._quiet(batch, s))]
+        if busy or batch.events:
+            return super().update_batch(batch)
+        if not self._episodes:
+            return []
+        return self._resolve_quiet(SourceView(batch.cluster, batch.source, batch.source_kind,
+                                              int(batch.times_ns[-1]), 0))
+
+    def screen(self, group: LayoutGroup) -> None:
+        """Per NIC stack of a layout group: any down event counted?"""
+        kind, _, counter_names, _ = group.key
+        if kind != NIC_PORT or group.rates is None:
+            return
+        cols = [j for j, n in enumerate(counter_names) if n in ("link_downed", "link_down_events_phy")]
+        downs = group.segment_any((group.rates[:, :, cols] > 0).reshape(len(group.times_ns), -1).any(axis=1)) \
+            if cols else np.zeros(len(group.stacks), dtype=bool)
+        for i, stack in enumerate(group.stacks):
+            stack.screens["flap"] = bool(downs[i])
+
+    def _quiet(self, batch: SourceBatch, stack: FrameStack) -> bool:
+        screened = stack.screens.get("flap")
+        if screened:
+            return False
+        if screened is None and stack.rates is not None:
+            for name in ("link_downed", "link_down_events_phy"):
+                j = stack.column(name)
+                if j is not None and (stack.rates[:, :, j] > 0).any():    # NaN compares False
+                    return False
+        checked = None
+        for states in stack.labels.get("state", ()):
+            if states is checked:
+                continue                                 # one label list shared by the ticks
+            checked = states
+            if any(s and not s.startswith(ACTIVE_STATE) for s in states):
+                return False
+        source = batch.source
+        remembered = (self._down, self._outage_ended, self._half_transitions)
+        return not any((source, eid) in d for d in remembered if d for eid in stack.ids)
 
     def update(self, view: SourceView) -> list[Finding]:
         out: list[Finding] = []
@@ -146,17 +197,21 @@ class LinkFlapDetector:
         return down.events + downs
 
     def _admin_toggled(self, view: SourceView, frame: EntityFrame) -> np.ndarray:
+        """Ports whose admin_up changed (an operator's toggle) within the grace time."""
         admin = frame.gauge("admin_up")
-        toggled = np.zeros(len(frame.ids), dtype=bool)
-        for i, port in enumerate(frame.ids):
-            key = (view.source, port)
-            previous = self._admin.get(key)
-            if previous is None or (admin[i] == admin[i] and admin[i] != previous[0]):
-                self._admin[key] = (admin[i], view.time_ns if previous is not None else 0)
-            changed_ns = self._admin[key][1]
-            toggled[i] = bool(changed_ns) and view.time_ns - changed_ns <= self.admin_grace_s * 1e9
-            if changed_ns:
-                self._recent_admin[key] = changed_ns
+        key = (view.source, frame.ids)
+        held = self._admin.get(key)
+        if held is None:
+            values, changed = admin.copy(), np.zeros(len(frame.ids), dtype=np.int64)   # first sight: no change
+        else:
+            values, changed = held
+            moved = (admin == admin) & (admin != values)             # read (not NaN) and different
+            if moved.any():
+                values, changed = np.where(moved, admin, values), np.where(moved, view.time_ns, changed)
+        self._admin[key] = (values, changed)
+        toggled = (changed != 0) & (view.time_ns - changed <= self.admin_grace_s * 1e9)
+        for i in np.flatnonzero(changed).tolist():
+            self._recent_admin[(view.source, frame.ids[i])] = int(changed[i])
         return toggled
 
     def _peer_admin_toggled(self, view: SourceView, frame: EntityFrame, downs, is_down) -> np.ndarray:

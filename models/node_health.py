@@ -1,25 +1,28 @@
-"""Node health book: a compact, recent, per-node summary to explain a slow rank.
+"""Node health: what may explain a slow rank, as facts that any worker can read.
 
-`NodeHealthBook.update(view)` reads one node tick (vectorised per frame) and keeps, per
-node, a bounded ring of samples plus recent hardware events:
+Two halves, so that the straggler stage needs no telemetry of its own:
 
-* per GPU: the NVML clocks-event reasons decoded by name (``GpuIdle`` excluded), the SM
-  clock against its maximum, temperature and power;
-* per NIC port: its sysfs ``rate`` against nominal (the topology's, else a configured
-  rate, else the most common rate of the fleet) and its received PFC pause duty (the
-  increase of ``rx_prio<p>_pause_duration`` per second: near 1 means the switch keeps the
-  port paused, i.e. the port is a storm victim);
-* recent XIDs (``view.events`` of kind ``"xid"``) and uncorrectable-ECC increments.
+* `health_tracker.HealthTracker` (stage 1, next to each node's telemetry) turns ticks into
+  *episodes*: runs of samples in which one GPU or NIC port showed one condition (thermal or
+  power throttling, a NIC link below its nominal rate, a NIC port held by PFC pauses), plus
+  recent XID and ECC events, and publishes them as one `NodeHealth` digest per node when
+  they change. Digests are small (a healthy node has none after its first) and travel on
+  the facts topic that every worker reads.
+* `HealthBook` (wherever stragglers are judged) keeps the recent digests of each node and
+  answers `cause_for(node, gpu, at_ns)`: the most likely *local* cause of a slow rank on
+  that GPU around ``at_ns``, with its evidence, as ``(cause, evidence)``; ``cause`` is one
+  of `CAUSES`, or `NONE` (seen, nothing wrong) or `UNKNOWN` (no telemetry then).
 
-`cause_for(node, gpu_index, at_ns)` answers with the most likely *local* cause of a slow
-rank on that GPU and the evidence for it, as ``(cause, evidence)``; ``cause`` is one of
-`CAUSES`, and `describe_cause` turns the answer into a sentence. A cause is taken only if
-it shows in at least ``cause_min_fraction`` of the samples around ``at_ns`` (a single
-sample of incast or of a power-capped GPU is ordinary), and a clock throttle only if its
-clock deficit can explain the slowdown. The NIC ``mlx5_<r>/1`` (rail r) serves GPU r
-unless a `Topology` says otherwise (`NicPort.gpu_index`).
+Answers are given *as of* the window's end: from the newest digest that describes the node
+at or before it (`NodeHealth.as_of_ns`), so a reader that has read further (a backlog, a
+fast partition) answers exactly as one that has not. A cause counts only if its episodes
+cover at least ``cause_min_fraction`` of the observed time in the window (one sample of
+incast or of a power-capped GPU is ordinary), and a clock throttle only if its clock
+deficit can explain the slowdown. The NIC ``mlx5_<r>/1`` (rail r) serves GPU r unless a
+`Topology` says otherwise (`NicPort.gpu_index`).
 
-The book only describes; `straggler.StragglerDetector` decides who is slow.
+`NodeHealthBook` is both halves in one object, for one process that sees the telemetry
+itself (tests, examples).
 
 >>> import numpy as np
 >>> from fabricwatch.models.frames import EntityFrame, SourceView
@@ -36,24 +39,19 @@ The book only describes; `straggler.StragglerDetector` decides who is slow.
 ('thermal', 'thermal throttling (HwThermalSlowdown, SM clock 1410/1980 MHz)')
 >>> book.cause_for("node-1", 1, 3 * 10**9)[0]
 'none'
+>>> book.cause_for("node-2", 1, 3 * 10**9)[0]
+'unknown'
 """
 from __future__ import annotations
 
 import math
 import re
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
-from functools import lru_cache
-from statistics import median
-
-import numpy as np
-
-from fabricwatch.counters import PFC_PRIORITIES
 
 from .findings import Evidence
-from .frames import GPU, NIC_PORT, EntityFrame, SourceView
-from .linkrate import IbRate, parse_ib_rate
-from .topology import DEFAULT_NIC_RATE, Topology
+from .frames import SourceView
+from .topology import Topology
 
 # -- causes ---------------------------------------------------------------------------------
 THERMAL, POWER, NIC_DOWNGRADE, STORM_VICTIM, XID, ECC, NONE, UNKNOWN = (
@@ -83,6 +81,8 @@ CAUSE_ACTION = {
     NONE: "profile the rank (data loader, host CPU, stragglers in input pipeline)",
     UNKNOWN: "check the node's collector",
 }
+# Conditions an episode can record: the causes that are states of a GPU or NIC port.
+CONDITIONS = (THERMAL, POWER, NIC_DOWNGRADE, STORM_VICTIM)
 
 # -- NVML clocks-event reasons (nvmlClocksEventReason*) ---------------------------------------
 REASON_GPU_IDLE = 0x1
@@ -105,25 +105,21 @@ HW_SLOWDOWN_HOT_C = 85.0
 GPU_BUSY_UTILIZATION_PCT = 5.0
 
 # -- defaults -------------------------------------------------------------------------------
-HISTORY_S = 120.0            # samples older than this (per node) are dropped
-MAX_SAMPLES_PER_NODE = 512   # hard bound on the ring, whatever the tick rate
-MAX_EVENTS_PER_NODE = 256
+HISTORY_S = 120.0            # episodes that ended longer ago than this are forgotten
 LOOKBACK_S = 5.0             # cause_for looks at [at - LOOKBACK_S, at + LOOKAHEAD_S]
 LOOKAHEAD_S = 2.0
-MAX_SAMPLE_AGE_S = 60.0      # with no sample in that window, the last one if this recent
+MAX_SAMPLE_AGE_S = 60.0      # with no observation in the window, the last one if this recent
 EVENT_LOOKBACK_S = 300.0     # XIDs / ECC errors this recent count as a cause
-CAUSE_MIN_FRACTION = 0.5     # a condition must hold in at least this share of the samples
+CAUSE_MIN_FRACTION = 0.5     # a condition must cover at least this share of the observed window
 STORM_VICTIM_PAUSE_DUTY = 0.5  # received pause duty; healthy incast stays below it
 THROTTLE_CLOCK_RATIO = 0.9   # without a slowdown to explain: SM clock / max at or below this
 # With a slowdown s to explain, the clock deficit (max/clock - 1) must reach this share of
 # s - 1: a GPU at 0.93 of its clock (ordinary power capping) does not explain 1.3x.
 THROTTLE_EXPLAINS_FRACTION = 0.5
-MIN_PORTS_FOR_CONSENSUS = 8  # NIC ports seen before the fleet's most common rate is nominal
+MAX_DIGESTS_PER_NODE = 64    # digests kept per node for as-of answers (a few per minute)
+MAX_NODES = 200_000          # nodes remembered; more is id churn (the oldest are dropped)
 
-_GPU_ID = re.compile(r"(\d+)$")
 _RAIL_NIC = re.compile(r"^mlx5_(\d+)/")
-_RX_PAUSE = tuple(f"rx_prio{p}_pause_duration" for p in PFC_PRIORITIES)
-_ECC_UNC = "ecc_uncorrected_volatile_total"
 
 
 def reason_names(mask: int) -> list[str]:
@@ -140,6 +136,10 @@ def rail_nic(gpu_index: int) -> str:
     return f"mlx5_{gpu_index}/1"
 
 
+def gpu_entity(gpu_index: int) -> str:
+    return f"gpu{gpu_index}"
+
+
 def describe_cause(cause: str, evidence: list[Evidence]) -> str:
     """One line for a finding: the cause's text, then the first evidence's detail.
 
@@ -152,352 +152,289 @@ def describe_cause(cause: str, evidence: list[Evidence]) -> str:
     return text
 
 
-@lru_cache(maxsize=256)
-def _parse(rate: str) -> IbRate | None:
-    return parse_ib_rate(rate)
+# -- the facts ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Episode:
+    """A run of samples in which one GPU or NIC port showed one condition."""
+
+    entity_id: str             # "gpu3", "mlx5_2/1"
+    condition: str             # one of CONDITIONS
+    start_ns: int              # first sample it held in
+    end_ns: int                # last sample it held in
+    open: bool                 # still holding at the newest sample
+    samples_on: int
+    samples_total: int         # samples from start to the newest one that could show it
+    value: float = math.nan    # mean measure while on: SM clock ratio, pause duty, Gb/s
+    reference: float = math.nan
+    temperature_c: float = math.nan
+    power_w: float = math.nan
+    reasons: int = 0           # NVML reason bits seen while on
+    detail: str = ""           # NIC: the rate string; GPU: "<sm>/<max>" MHz
+    sample_interval_ns: int = 1_000_000_000
+    holding: bool = False      # open and holding at the newest sample (an open episode in a gap is not)
+
+    @property
+    def on_fraction(self) -> float:
+        """Share of its samples from start to end that showed the condition."""
+        return self.samples_on / self.samples_total if self.samples_total else 0.0
 
 
-def _index_of(entity_id: str, position: int) -> int:
-    m = _GPU_ID.search(entity_id)
-    return int(m.group(1)) if m else position
-
-
-@dataclass
-class _Sample:
-    """One tick of one node, reduced to what explains a slow rank (arrays per entity)."""
+@dataclass(frozen=True)
+class HealthEvent:
+    entity_id: str
+    kind: str                  # XID | ECC
+    code: int                  # XID number; ECC: errors in this increment
     time_ns: int
-    gpu_row: dict[int, int]    # the GPU's local index -> its row in the arrays below
-    reasons: np.ndarray        # int64 mask, GpuIdle cleared
-    busy: np.ndarray           # bool
-    sm_mhz: np.ndarray
-    sm_max_mhz: np.ndarray
-    temperature_c: np.ndarray
-    power_w: np.ndarray
-    nic_ids: tuple[str, ...]
-    nic_row: dict[int, int]    # GPU index -> row of the NIC port that serves it
-    nic_rate: list[str]
-    nic_gbps: np.ndarray
-    nic_nominal_gbps: np.ndarray
-    nic_active: np.ndarray     # bool
-    pause_duty: np.ndarray     # received pause seconds per second, max over priorities
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    """One node's recent health as of ``as_of_ns``; each digest replaces the last."""
+
+    cluster: str
+    node: str
+    as_of_ns: int
+    observed_since_ns: int     # first tick of the current run of ticks
+    observed_until_ns: int     # newest tick seen
+    silent: bool = False       # stopped reporting after observed_until_ns
+    episodes: tuple[Episode, ...] = ()
+    events: tuple[HealthEvent, ...] = ()
+
+
+# -- the reader -----------------------------------------------------------------------------
+def _samples(a: int, b: int, anchor: int, interval: int) -> int:
+    """How many samples ``anchor + k * interval`` (k >= 0) fall in [a, b]."""
+    a = max(a, anchor)
+    if b < a or interval <= 0:
+        return 0
+    first = -((anchor - a) // interval)            # ceil((a - anchor) / interval)
+    last = (b - anchor) // interval
+    return max(0, last - first + 1)
+
+
+@dataclass(frozen=True)
+class _Window:
+    lo: int
+    hi: int
+    seen_until: int            # the node's telemetry is known up to here (<= hi)
+    since: int                 # ... and from here (its first tick of the current run)
 
 
 @dataclass
-class _Event:
-    time_ns: int
-    gpu_index: int
-    kind: str                  # "xid" | "ecc"
-    code: int
-    detail: str
-
-
-@dataclass
-class _NodeRecord:
-    samples: deque = field(default_factory=deque)
-    events: deque = field(default_factory=lambda: deque(maxlen=MAX_EVENTS_PER_NODE))
-    last_ns: int | None = None
-    last_pause_us: np.ndarray | None = None   # [ports, priorities] raw totals
-    last_pause_ids: tuple[str, ...] = ()
-    last_ecc: np.ndarray | None = None
-    last_ecc_ids: tuple[str, ...] = ()
-
-
-@dataclass
-class NodeHealthBook:
-    """Recent GPU/NIC health per node, for the probable cause of a slow rank.
+class HealthBook:
+    """Recent `NodeHealth` digests per node, and the probable cause of a slow rank.
 
     Parameters
     ----------
-    topology : maps each NIC port to the GPU it serves and gives its nominal rate;
-        without it NIC ``mlx5_<r>/1`` serves GPU r and the nominal rate is below.
-    nominal_nic_rate : sysfs rate string of a healthy port; "" = the fleet's most common
-        rate once `MIN_PORTS_FOR_CONSENSUS` ports were seen (`DEFAULT_NIC_RATE` before).
-    history_s, max_samples_per_node : how much is kept per node.
+    topology : maps each NIC port to the GPU it serves; without it NIC ``mlx5_<r>/1``
+        serves GPU r.
     lookback_s, lookahead_s : the window around ``at_ns`` that `cause_for` reads.
     event_lookback_s : how recent an XID or ECC error must be to count.
-    cause_min_fraction : share of the window's samples a condition must hold in.
-    storm_victim_pause_duty : received PFC pause duty (0..1) that marks a storm victim.
+    cause_min_fraction : share of the window's observed time a condition must cover.
     throttle_clock_ratio : SM clock / max at or below which a throttle is a cause when
         no slowdown is given to explain.
     """
 
     topology: Topology | None = None
-    nominal_nic_rate: str = ""
-    history_s: float = HISTORY_S
-    max_samples_per_node: int = MAX_SAMPLES_PER_NODE
     lookback_s: float = LOOKBACK_S
     lookahead_s: float = LOOKAHEAD_S
     event_lookback_s: float = EVENT_LOOKBACK_S
     cause_min_fraction: float = CAUSE_MIN_FRACTION
-    storm_victim_pause_duty: float = STORM_VICTIM_PAUSE_DUTY
     throttle_clock_ratio: float = THROTTLE_CLOCK_RATIO
-    _nodes: dict[str, _NodeRecord] = field(default_factory=dict, repr=False)
-    _fleet_rates: Counter = field(default_factory=Counter, repr=False)
-    _row_cache: dict = field(default_factory=dict, repr=False)
+    max_nodes: int = MAX_NODES
+    _digests: dict[str, deque] = field(default_factory=dict, repr=False)
+    _nic_of: dict[tuple[str, int], str] = field(default_factory=dict, repr=False)
+    # Through when every node's telemetry has been processed (stage 1's low watermark): a
+    # node that is not silent is observed up to here, even if its last digest is older.
+    watermark_ns: int = 0
+    stats: dict = field(default_factory=lambda: {"digests": 0, "nodes_dropped": 0}, repr=False)
 
     def __post_init__(self) -> None:
-        if self.nominal_nic_rate and _parse(self.nominal_nic_rate) is None:
-            raise ValueError(f"nominal_nic_rate: not a sysfs rate string: {self.nominal_nic_rate!r}")
-        for name in ("history_s", "lookback_s", "event_lookback_s"):
+        for name in ("lookback_s", "event_lookback_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if not self.lookahead_s >= 0:
             raise ValueError(f"lookahead_s must be >= 0, got {self.lookahead_s!r}")
-        if self.lookback_s > self.history_s:
-            raise ValueError(f"lookback_s ({self.lookback_s}) must not exceed history_s ({self.history_s})")
-        if not (isinstance(self.max_samples_per_node, int) and self.max_samples_per_node >= 1):
-            raise ValueError(f"max_samples_per_node must be an int >= 1, got {self.max_samples_per_node!r}")
-        for name in ("cause_min_fraction", "storm_victim_pause_duty", "throttle_clock_ratio"):
+        for name in ("cause_min_fraction", "throttle_clock_ratio"):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise ValueError(f"{name} must be in (0, 1], got {value!r}")
 
-    # -- public ---------------------------------------------------------------------------
-    def update(self, view: SourceView) -> None:
-        """Add one tick of a node (switch views and out-of-order ticks are ignored)."""
-        if view.source_kind != "node":
+    # -- facts in -------------------------------------------------------------------------
+    def apply(self, digest: NodeHealth) -> None:
+        """Add a digest; digests of a node arrive in ``as_of`` order (older ones are dropped)."""
+        history = self._digests.get(digest.node)
+        if history is None:
+            if len(self._digests) >= self.max_nodes:
+                self._digests.pop(next(iter(self._digests)))
+                self.stats["nodes_dropped"] += 1
+            history = self._digests[digest.node] = deque(maxlen=MAX_DIGESTS_PER_NODE)
+        if history and digest.as_of_ns < history[-1].as_of_ns:
             return
-        rec = self._nodes.setdefault(view.source, _NodeRecord())
-        if rec.last_ns is not None and view.time_ns <= rec.last_ns:
-            return
-        dt_s = (view.time_ns - rec.last_ns) / 1e9 if rec.last_ns is not None else float("nan")
-        rec.last_ns = view.time_ns
-        gpu = next(iter(view.frames_of(GPU)), None)
-        nic = next(iter(view.frames_of(NIC_PORT)), None)
-        sample = _Sample(view.time_ns, *self._gpu_columns(view, rec, gpu),
-                         *self._nic_columns(view.source, rec, nic, dt_s))
-        for event in view.events:
-            if event.kind == "xid":
-                rec.events.append(_Event(event.time_ns, _index_of(event.entity_id, -1), XID, event.code,
-                                         event.detail))
-        rec.samples.append(sample)
-        horizon = view.time_ns - int(self.history_s * 1e9)
-        while rec.samples and (rec.samples[0].time_ns < horizon or len(rec.samples) > self.max_samples_per_node):
-            rec.samples.popleft()
-        event_horizon = view.time_ns - int(max(self.event_lookback_s, self.history_s) * 1e9)
-        while rec.events and rec.events[0].time_ns < event_horizon:
-            rec.events.popleft()
+        history.append(digest)
+        self.stats["digests"] += 1
+        # keep digests only as far back as any answer can reach
+        horizon = digest.as_of_ns - int(max(HISTORY_S, self.event_lookback_s) * 1e9)
+        while len(history) > 1 and history[1].as_of_ns <= horizon:
+            history.popleft()
+
+    def advance(self, watermark_ns: int) -> None:
+        self.watermark_ns = max(self.watermark_ns, watermark_ns)
 
     def forget(self, node: str) -> None:
-        """Drop everything known about a node (decommissioned, renamed)."""
-        self._nodes.pop(node, None)
+        self._digests.pop(node, None)
 
+    def nodes(self) -> list[str]:
+        return list(self._digests)
+
+    def digest_as_of(self, node: str, at_ns: int) -> NodeHealth | None:
+        """The newest digest of ``node`` describing it at or before ``at_ns``."""
+        history = self._digests.get(node)
+        if not history:
+            return None
+        for digest in reversed(history):
+            if digest.as_of_ns <= at_ns:
+                return digest
+        return None
+
+    # -- answers --------------------------------------------------------------------------
     def nic_for(self, node: str, gpu_index: int) -> str:
         """The NIC port id that serves a GPU (topology first, then the rail convention)."""
-        if self.topology is not None:
-            for nic in self.topology.nics_of(node):
-                if nic.gpu_index == gpu_index:
-                    return nic.entity_id
-        return rail_nic(gpu_index)
+        key = (node, gpu_index)
+        nic = self._nic_of.get(key)
+        if nic is None:
+            nic = rail_nic(gpu_index)
+            if self.topology is not None:
+                for port in self.topology.nics_of(node):
+                    if port.gpu_index == gpu_index:
+                        nic = port.entity_id
+                        break
+            if len(self._nic_of) < self.max_nodes:
+                self._nic_of[key] = nic
+        return nic
 
     def cause_for(self, node: str, gpu_index: int, at_ns: int, *, since_ns: int | None = None,
                   slowdown: float | None = None,
                   candidates: tuple[str, ...] = CAUSES) -> tuple[str, list[Evidence]]:
         """Most likely local cause of a slow rank on ``node``/``gpu_index`` around ``at_ns``.
 
-        The samples read are those from ``lookback_s`` before ``at_ns`` (or from
-        ``since_ns``, the start of the slow step, if later) to ``lookahead_s`` after it.
-        ``slowdown`` (the rank's time over its peers') lets a clock throttle count only if
-        it explains that much; ``candidates`` restricts and orders the causes tried (e.g.
-        `GPU_CAUSES` for a rank whose own compute is slow). Returns ``NONE`` when the node
-        was seen but shows none of them, ``UNKNOWN`` when there is no telemetry around then.
+        The window is from ``lookback_s`` before ``at_ns`` (or from ``since_ns``, the start
+        of the slow step, if later) to ``lookahead_s`` after it. ``slowdown`` (the rank's
+        time over its peers') lets a clock throttle count only if it explains that much;
+        ``candidates`` restricts and orders the causes tried (e.g. `GPU_CAUSES` for a rank
+        whose own compute is slow). Returns ``NONE`` when the node was seen but shows none
+        of them, ``UNKNOWN`` when there is no telemetry around then.
         """
-        rec = self._nodes.get(node)
         lo = at_ns - int(self.lookback_s * 1e9)
         if since_ns is not None:
             lo = max(lo, min(since_ns, at_ns))
         hi = at_ns + int(self.lookahead_s * 1e9)
-        window = []
-        for sample in reversed(rec.samples if rec else ()):   # newest first; stop past the window
-            if sample.time_ns < lo:
-                break
-            if sample.time_ns <= hi:
-                window.append(sample)
-        window.reverse()
-        if not window and rec:   # sparse sampling (e.g. every 30 s): the last sample, if fresh enough
-            stale = at_ns - int(MAX_SAMPLE_AGE_S * 1e9)
-            window = [x for x in reversed(rec.samples) if stale <= x.time_ns <= hi][:1]
-        if not window:
-            return UNKNOWN, [Evidence("samples", 0, 1, "samples",
-                                      f"no telemetry from {node} within {MAX_SAMPLE_AGE_S:g} s before the step")]
+        digest = self.digest_as_of(node, hi)
+        if digest is None:
+            return UNKNOWN, [Evidence("samples", 0, 1, "samples", f"no telemetry from {node} before the step")]
+        seen_until = digest.observed_until_ns if digest.silent else max(digest.observed_until_ns,
+                                                                        min(self.watermark_ns, hi))
+        seen_until = min(hi, seen_until)
+        window = _Window(lo, hi, seen_until, digest.observed_since_ns)
+        if seen_until < lo or digest.observed_since_ns > hi:
+            # sparse or stopped sampling: the last observation, if recent enough, stands for the window
+            if digest.observed_until_ns < at_ns - int(MAX_SAMPLE_AGE_S * 1e9) or digest.observed_since_ns > hi:
+                return UNKNOWN, [Evidence("samples", 0, 1, "samples",
+                                          f"no telemetry from {node} within {MAX_SAMPLE_AGE_S:g} s before the step")]
+            last = digest.observed_until_ns
+            window = _Window(last, last, last, last)
         for cause in candidates:
-            evidence = self._check(cause, rec, window, gpu_index, at_ns, slowdown)
+            evidence = self._check(cause, digest, gpu_index, node, window, at_ns, slowdown)
             if evidence:
                 return cause, evidence
-        return NONE, [Evidence("samples", len(window), 1, "samples",
+        return NONE, [Evidence("window_s", (window.hi - window.lo) / 1e9, 1, "s",
                                f"GPU{gpu_index} unthrottled, its NIC at nominal rate and unpaused, no XID/ECC")]
 
-    def nodes(self) -> list[str]:
-        return list(self._nodes)
-
-    # -- ingest ---------------------------------------------------------------------------
-    def _gpu_columns(self, view: SourceView, rec: _NodeRecord, frame: EntityFrame | None):
-        if frame is None:
-            empty = np.empty(0)
-            return {}, np.empty(0, np.int64), np.empty(0, bool), empty, empty, empty, empty
-        rows = self._gpu_rows(frame.ids)
-        index = {row: gpu for gpu, row in rows.items()}
-        raw = frame.gauge("clocks_event_reasons")
-        reasons = np.where(np.isfinite(raw), raw, 0).astype(np.int64)
-        util = frame.gauge("utilization_gpu_pct")
-        sm = frame.gauge("sm_clock_mhz")
-        busy = ((reasons & REASON_GPU_IDLE) == 0) & (util >= GPU_BUSY_UTILIZATION_PCT) & np.isfinite(sm)
-        reasons &= ~REASON_GPU_IDLE
-        j = frame.column(_ECC_UNC)
-        if j is not None:
-            totals = frame.counters[:, j].astype(np.float64)
-            if rec.last_ecc is not None and rec.last_ecc_ids == frame.ids:
-                inc = totals - rec.last_ecc          # a decrease is a reset: no increment
-                for i in np.flatnonzero(inc > 0):
-                    rec.events.append(_Event(view.time_ns, index.get(int(i), int(i)), ECC, int(inc[i]),
-                                             f"{int(inc[i])} uncorrectable ECC error(s) on {frame.ids[i]}"))
-            rec.last_ecc, rec.last_ecc_ids = totals, frame.ids
-        return (rows, reasons, busy, sm, frame.gauge("sm_clock_max_mhz"), frame.gauge("temperature_c"),
-                frame.gauge("power_mw") / 1000.0)
-
-    def _nic_columns(self, node: str, rec: _NodeRecord, frame: EntityFrame | None, dt_s: float):
-        if frame is None:
-            empty = np.empty(0)
-            return (), {}, [], empty, empty, np.empty(0, bool), empty
-        rates = frame.label("rate")
-        active = np.array([s.startswith("4") for s in frame.label("state")], dtype=bool)
-        parsed = [_parse(r) for r in rates]
-        self._fleet_rates.update(r for r, p, a in zip(rates, parsed, active) if p is not None and a)
-        gbps = np.array([p.gbps if p else np.nan for p in parsed])
-        nominal = np.array([self._nominal_gbps(node, e) for e in frame.ids])
-        cols = [frame.column(n) for n in _RX_PAUSE]
-        present = [j for j in cols if j is not None]
-        duty = np.full(len(frame.ids), np.nan)
-        if present:
-            totals = frame.counters[:, present].astype(np.float64)
-            if rec.last_pause_us is not None and rec.last_pause_ids == frame.ids and \
-                    rec.last_pause_us.shape == totals.shape and dt_s > 0:
-                inc = totals - rec.last_pause_us
-                inc[inc < 0] = np.nan                 # counter reset (reboot): no honest duty
-                duty = np.clip(np.max(inc, axis=1) / 1e6 / dt_s, 0.0, 1.0)
-            rec.last_pause_us, rec.last_pause_ids = totals, frame.ids
-        return frame.ids, self._nic_rows(node, frame.ids), rates, gbps, nominal, active, duty
-
-    def _gpu_rows(self, ids: tuple[str, ...]) -> dict[int, int]:
-        key = ("gpu", ids)
-        cached = self._row_cache.get(key)
-        if cached is None:
-            cached = self._row_cache[key] = {_index_of(e, i): i for i, e in enumerate(ids)}
-        return cached
-
-    def _nic_rows(self, node: str, ids: tuple[str, ...]) -> dict[int, int]:
-        key = ("nic", node if self.topology is not None else "", ids)
-        cached = self._row_cache.get(key)
-        if cached is None:
-            cached = {}
-            for i, eid in enumerate(ids):
-                nic = self.topology.nic(node, eid) if self.topology is not None else None
-                m = _RAIL_NIC.match(eid)
-                gpu = nic.gpu_index if nic is not None else int(m.group(1)) if m else None
-                if gpu is not None:
-                    cached.setdefault(gpu, i)
-            self._row_cache[key] = cached
-        return cached
-
-    def _nominal_gbps(self, node: str, entity_id: str) -> float:
-        if self.topology is not None:
-            nic = self.topology.nic(node, entity_id)
-            if nic is not None:
-                return nic.nominal_gbps
-        if self.nominal_nic_rate:
-            return _parse(self.nominal_nic_rate).gbps
-        if sum(self._fleet_rates.values()) >= MIN_PORTS_FOR_CONSENSUS:
-            return _parse(self._fleet_rates.most_common(1)[0][0]).gbps
-        return _parse(DEFAULT_NIC_RATE).gbps
-
     # -- rules ----------------------------------------------------------------------------
-    def _check(self, cause, rec, window, gpu, at_ns, slowdown) -> list[Evidence]:
+    def _covering(self, digest: NodeHealth, entity_id: str, condition: str,
+                  w: _Window) -> tuple[float, list[tuple[Episode, float]]]:
+        """Share of the window's samples that showed a condition, and the episodes behind it.
+
+        Samples are counted on each episode's own sampling grid, as a book of samples would
+        count them: those in the window and in the episode's span, times its on-fraction,
+        over those the node reported in the window.
+        """
+        hits, found = 0.0, []
+        observed = 0
+        for e in digest.episodes:
+            if e.entity_id != entity_id or e.condition != condition:
+                continue
+            step = e.sample_interval_ns
+            jitter = step // 4                 # sample times wander around the grid by clock jitter
+            end = max(e.end_ns, w.seen_until) if e.open and e.holding else e.end_ns
+            n = _samples(w.lo, min(w.hi, end + jitter), e.start_ns, step)
+            observed = max(observed, _samples(w.lo, w.seen_until + jitter,
+                                              w.since + (e.start_ns - w.since) % step, step))
+            if n:
+                hits += n * e.on_fraction
+                found.append((e, n * e.on_fraction))
+        return (min(1.0, hits / observed) if observed else (1.0 if found else 0.0)), found
+
+    def _check(self, cause, digest, gpu, node, window, at_ns, slowdown) -> list[Evidence]:
         if cause in (THERMAL, POWER):
-            return self._throttle(cause, window, gpu, slowdown)
+            return self._throttle(cause, digest, gpu, window, slowdown)
         if cause in (NIC_DOWNGRADE, STORM_VICTIM):
-            return self._network(cause, window, gpu)
+            return self._network(cause, digest, self.nic_for(node, gpu), window)
         if cause in (XID, ECC):
-            return self._events(cause, rec, gpu, at_ns)
+            return self._events(cause, digest, gpu, at_ns)
         raise ValueError(f"candidates: unknown cause {cause!r}; known: {CAUSES}")
 
-    def _throttle(self, cause, window, gpu, slowdown) -> list[Evidence]:
-        rows = [(s, s.gpu_row[gpu]) for s in window if gpu in s.gpu_row]
-        rows = [(s, i) for s, i in rows if s.busy[i]]
-        if not rows:
+    def _throttle(self, cause, digest, gpu, window, slowdown) -> list[Evidence]:
+        fraction, hits = self._covering(digest, gpu_entity(gpu), cause, window)
+        if not hits or fraction < self.cause_min_fraction:
             return []
-        reasons = [int(s.reasons[i]) for s, i in rows]
-        temps = [t for t in (float(s.temperature_c[i]) for s, i in rows) if math.isfinite(t)]
-        temp = median(temps) if temps else math.nan
-        hot = temp >= HW_SLOWDOWN_HOT_C
-        mask = (THERMAL_REASONS | (HW_SLOWDOWN if hot else 0)) if cause == THERMAL else \
-            (POWER_REASONS | (0 if hot else HW_SLOWDOWN))
-        hit = [(s, i) for (s, i), r in zip(rows, reasons) if r & mask]
-        fraction = len(hit) / len(rows)
-        if fraction < self.cause_min_fraction:
-            return []
-        clocks = [(float(s.sm_mhz[i]), float(s.sm_max_mhz[i])) for s, i in hit]
-        clocks = [(c, m) for c, m in clocks if math.isfinite(c) and m > 0]
-        if not clocks:
-            return []
-        ratio = median(c / m for c, m in clocks)
+        weight = sum(n for _, n in hits)
+        ratio = sum(e.value * n for e, n in hits) / weight
         if slowdown is not None and slowdown > 1:
             needed = 1.0 / (1.0 + THROTTLE_EXPLAINS_FRACTION * (slowdown - 1.0))
         else:
             needed = self.throttle_clock_ratio
-        if ratio > needed:
+        if not ratio <= needed:
             return []
         seen = 0
-        for r in reasons:
-            seen |= r & mask
-        powers = [p for p in (float(s.power_w[i]) for s, i in rows) if math.isfinite(p)]
+        for e, _ in hits:
+            seen |= e.reasons
+        main = max(hits, key=lambda h: h[1])[0]
         return [
             Evidence("sm_clock_ratio", ratio, needed, "ratio",
-                     f"{', '.join(reason_names(seen))}, SM clock "
-                     f"{median(c for c, _ in clocks):.0f}/{median(m for _, m in clocks):.0f} MHz"),
+                     f"{', '.join(reason_names(seen))}, SM clock {main.detail} MHz"),
             Evidence("throttled_sample_fraction", fraction, self.cause_min_fraction, "fraction",
-                     f"{len(hit)} of {len(rows)} busy samples"),
-            Evidence("temperature_c", temp, math.nan, "degC"),
-            Evidence("power_w", median(powers) if powers else math.nan, math.nan, "W"),
+                     f"{weight:.0f} busy samples in the window throttled"),
+            Evidence("temperature_c", main.temperature_c, math.nan, "degC"),
+            Evidence("power_w", main.power_w, math.nan, "W"),
         ]
 
-    def _network(self, cause, window, gpu) -> list[Evidence]:
-        rows = [(s, s.nic_row[gpu]) for s in window if gpu in s.nic_row]
-        if not rows:
+    def _network(self, cause, digest, nic, window) -> list[Evidence]:
+        fraction, hits = self._covering(digest, nic, cause, window)
+        if not hits or fraction < self.cause_min_fraction:
             return []
+        main = max(hits, key=lambda h: h[1])[0]
+        n = sum(k for _, k in hits)
         if cause == NIC_DOWNGRADE:
-            hit = [(s, i) for s, i in rows if s.nic_active[i] and s.nic_gbps[i] < s.nic_nominal_gbps[i]]
-            fraction = len(hit) / len(rows)
-            if fraction < self.cause_min_fraction:
-                return []
-            s, i = hit[-1]
-            gbps, nominal = float(s.nic_gbps[i]), float(s.nic_nominal_gbps[i])
             return [
-                Evidence("nic_rate_gbps", gbps, nominal, "Gb/s",
-                         f"{s.nic_ids[i]} at {s.nic_rate[i].strip()}, nominal {nominal:g} Gb/s"),
+                Evidence("nic_rate_gbps", main.value, main.reference, "Gb/s",
+                         f"{nic} at {main.detail}, nominal {main.reference:g} Gb/s"),
                 Evidence("downgraded_sample_fraction", fraction, self.cause_min_fraction, "fraction",
-                         f"{len(hit)} of {len(rows)} samples"),
+                         f"{n:.0f} samples in the window"),
             ]
-        duty = [float(s.pause_duty[i]) for s, i in rows]
-        known = [d for d in duty if math.isfinite(d)]   # NaN: first sample or counter reset
-        if not known:
-            return []
-        paused = sum(d >= self.storm_victim_pause_duty for d in known)
-        fraction = paused / len(known)
-        if fraction < self.cause_min_fraction:
-            return []
-        s, i = rows[-1]
-        level = median(known)
         return [
-            Evidence("rx_pause_duty", level, self.storm_victim_pause_duty, "s/s",
-                     f"{s.nic_ids[i]} paused by its switch {level:.0%} of the time"),
+            Evidence("rx_pause_duty", main.value, main.reference, "s/s",
+                     f"{nic} paused by its switch {main.value:.0%} of the time"),
             Evidence("paused_sample_fraction", fraction, self.cause_min_fraction, "fraction",
-                     f"{paused} of {len(known)} samples"),
+                     f"{n:.0f} samples in the window"),
         ]
 
-    def _events(self, cause, rec, gpu, at_ns) -> list[Evidence]:
+    def _events(self, cause, digest, gpu, at_ns) -> list[Evidence]:
         lo = at_ns - int(self.event_lookback_s * 1e9)
         hi = at_ns + int(self.lookahead_s * 1e9)
-        hits = [e for e in rec.events if e.kind == cause and e.gpu_index == gpu and lo <= e.time_ns <= hi]
+        entity = gpu_entity(gpu)
+        hits = [e for e in digest.events if e.kind == cause and e.entity_id == entity and lo <= e.time_ns <= hi]
         if not hits:
             return []
         last = hits[-1]
@@ -509,3 +446,58 @@ class NodeHealthBook:
         total = sum(e.code for e in hits)
         return [Evidence("ecc_uncorrectable", float(total), 1, "errors",
                          f"{total} uncorrectable ECC error(s) within {self.event_lookback_s:g} s")]
+
+
+class NodeHealthBook:
+    """A `HealthTracker` and a `HealthBook` in one process: ticks in, causes out.
+
+    Parameters are those of both halves (``topology``, ``nominal_nic_rate``,
+    ``history_s``, ``lookback_s``, ``lookahead_s``, ``event_lookback_s``,
+    ``cause_min_fraction``, ``storm_victim_pause_duty``, ``throttle_clock_ratio``).
+    """
+
+    def __init__(self, topology: Topology | None = None, nominal_nic_rate: str = "", *,
+                 history_s: float = HISTORY_S, lookback_s: float = LOOKBACK_S, lookahead_s: float = LOOKAHEAD_S,
+                 event_lookback_s: float = EVENT_LOOKBACK_S, cause_min_fraction: float = CAUSE_MIN_FRACTION,
+                 storm_victim_pause_duty: float = STORM_VICTIM_PAUSE_DUTY,
+                 throttle_clock_ratio: float = THROTTLE_CLOCK_RATIO) -> None:
+        from .health_tracker import HealthTracker
+        from .rates import RateTracker
+
+        if lookback_s > history_s:
+            raise ValueError(f"lookback_s ({lookback_s}) must not exceed history_s ({history_s})")
+        self.tracker = HealthTracker(topology=topology, nominal_nic_rate=nominal_nic_rate, history_s=history_s,
+                                     storm_victim_pause_duty=storm_victim_pause_duty)
+        self.book = HealthBook(topology=topology, lookback_s=lookback_s, lookahead_s=lookahead_s,
+                               event_lookback_s=event_lookback_s, cause_min_fraction=cause_min_fraction,
+                               throttle_clock_ratio=throttle_clock_ratio)
+        self._rates = RateTracker()
+
+    def update(self, view: SourceView) -> None:
+        """Add one tick of a node (rates are derived here if the frames carry none)."""
+        from .frames import SourceBatch
+
+        if view.source_kind != "node":
+            return
+        batch = SourceBatch.of_views([view])
+        for stack in batch.stacks:
+            self._rates.update_stack(view.source, stack)
+        self.update_batch(batch)
+
+    def update_batch(self, batch) -> None:
+        for digest in self.tracker.update_batch(batch):
+            self.book.apply(digest)
+        self.book.advance(int(batch.times_ns[-1]))
+
+    def cause_for(self, node: str, gpu_index: int, at_ns: int, **kwargs) -> tuple[str, list[Evidence]]:
+        return self.book.cause_for(node, gpu_index, at_ns, **kwargs)
+
+    def nic_for(self, node: str, gpu_index: int) -> str:
+        return self.book.nic_for(node, gpu_index)
+
+    def nodes(self) -> list[str]:
+        return self.book.nodes()
+
+    def forget(self, node: str) -> None:
+        self.tracker.forget(node)
+        self.book.forget(node)

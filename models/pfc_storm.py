@@ -76,7 +76,7 @@ import numpy as np
 from fabricwatch.counters import PFC_PRIORITIES
 
 from .findings import EntityRef, Evidence
-from .frames import NIC_PORT, SWITCH_PORT, EntityFrame, SourceView
+from .frames import NIC_PORT, SWITCH_PORT, EntityFrame, LayoutGroup, SourceBatch, SourceView
 
 DETECTOR = "pfc_watchdog/v1"
 PAUSED, PAUSING = "paused", "pausing"
@@ -103,6 +103,8 @@ DEFAULT_LINE_RATE_GBPS = 400.0
 # over- rather than under-estimated (errs towards "traffic flows", i.e. no storm).
 MAX_WIRE_PACKET_BYTES = 9216.0
 
+# Distinct block layouts remembered (a fleet has a handful; more is id churn).
+MAX_LAYOUTS = 4096
 _ROLES = (PAUSED, PAUSING)       # axis 1 of every state array; switch ports are never "pausing"
 _KINDS = (NIC_PORT, SWITCH_PORT)
 _NEVER = np.iinfo(np.int64).min // 2
@@ -292,14 +294,54 @@ class PfcWatchdog:
         """Onsets and restorations confirmed by this tick of one source."""
         out: list[PauseStateChange] = []
         for frame in view.frames:
-            if frame.kind not in _KINDS:
-                continue
-            key = (frame.kind, frame.counter_names, frame.gauge_names)
-            layout = self._layouts.get(key, False)
-            if layout is False:
-                layout = self._layouts[key] = _layout(*key)
+            layout = self._layout_of(frame.kind, frame.counter_names, frame.gauge_names)
             if layout is not None:
                 self._frame(view, frame, layout, out)
+        return out
+
+    def screen(self, group: LayoutGroup) -> None:
+        """For each stack of a layout group: is any port near a pause (and when did each port
+        last send on each priority)? `update_batch` then skips the quiet stacks at once."""
+        kind, _, counter_names, gauge_names = group.key
+        layout = self._layout_of(kind, counter_names, gauge_names)
+        if layout is None or group.rates is None:
+            return
+        P = len(layout.prios)
+        duty = group.rates[:, :, layout.gather[:2 * P]]
+        if layout.nan_pos.size:
+            duty[:, :, layout.nan_pos[layout.nan_pos < 2 * P]] = np.nan
+        rows = len(group.times_ns)
+        still = (duty.reshape(rows, -1, 2, P) >= self._duty_min).reshape(rows, -1).any(axis=1)
+        still_any = group.segment_any(still)
+        last_sent = None
+        if layout.needs_recent_tx:
+            tx = group.rates[:, :, layout.gather[2 * P:3 * P]]
+            if layout.zero_pos.size:
+                tx[:, :, layout.zero_pos[(layout.zero_pos >= 2 * P) & (layout.zero_pos < 3 * P)] - 2 * P] = 0.0
+            stamped = np.where(tx > 0, group.times_ns[:, None, None], _NEVER)        # NaN compares False
+            last_sent = np.maximum.reduceat(stamped, group.starts, axis=0)
+        for i, stack in enumerate(group.stacks):
+            stack.screens["pfc"] = (bool(still_any[i]), None if last_sent is None else last_sent[i])
+
+    def update_batch(self, batch: SourceBatch) -> list[PauseStateChange]:
+        """Onsets and restorations confirmed by the ticks of one record, in event-time order.
+
+        The same as `update` tick by tick; while no port of a block is near a pause (the
+        healthy fabric), the whole block is judged with a few array operations over all
+        its ticks at once.
+        """
+        out: list[PauseStateChange] = []
+        for stack in batch.stacks:
+            layout = self._layout_of(stack.kind, stack.counter_names, stack.gauge_names)
+            if layout is None:
+                continue
+            cells = self._cells_for(batch.source, stack.kind, stack.ids, layout)
+            if stack.rates is not None and self._quiet(cells, layout, stack):
+                continue
+            for k in range(len(stack.ticks)):
+                view = SourceView(batch.cluster, batch.source, batch.source_kind, int(stack.times_ns[k]), 0)
+                self._frame(view, stack.frame(k), layout, out)
+        out.sort(key=lambda c: c.at_ns)
         return out
 
     def active(self) -> list[tuple[str, str, int, str]]:
@@ -316,19 +358,61 @@ class PfcWatchdog:
             del self._cells[key]
 
     # -- the rule -------------------------------------------------------------------------
-    def _cells_for(self, view: SourceView, frame: EntityFrame, lay: _Layout) -> _Cells:
-        held = self._cells.get((view.source, frame.kind))
-        if held is not None and held[0].ids == frame.ids and held[1].prios == lay.prios:
+    def _layout_of(self, kind: str, counter_names: tuple[str, ...], gauge_names: tuple[str, ...]) -> _Layout | None:
+        if kind not in _KINDS:
+            return None
+        key = (kind, counter_names, gauge_names)
+        layout = self._layouts.get(key, False)
+        if layout is False:
+            if len(self._layouts) >= MAX_LAYOUTS:      # id churn must not grow this
+                self._layouts.clear()
+            layout = self._layouts[key] = _layout(*key)
+        return layout
+
+    def _cells_for(self, source: str, kind: str, ids: tuple[str, ...], lay: _Layout) -> _Cells:
+        held = self._cells.get((source, kind))
+        if held is not None and held[0].ids == ids and held[1].prios == lay.prios:
             return held[0]
         if held is not None and held[1].prios == lay.prios:
-            cells = held[0].remap(frame.ids)
+            cells = held[0].remap(ids)
         else:
-            cells = _Cells(frame.ids, len(lay.prios))
-        self._cells[(view.source, frame.kind)] = (cells, lay)
+            cells = _Cells(ids, len(lay.prios))
+        self._cells[(source, kind)] = (cells, lay)
         return cells
 
+    def _quiet(self, cells: _Cells, lay: _Layout, stack) -> bool:
+        """Whether a whole stack of ticks leaves every timer as it is (no port near a pause).
+
+        Then only the recent-traffic times move; the stack need not be judged tick by tick.
+        """
+        if cells.n_active or cells.counting:
+            return False
+        screened = stack.screens.get("pfc")
+        if screened is not None:
+            still, last_sent = screened
+            if still:
+                return False
+            if last_sent is not None:
+                cells.last_tx_ns = np.where(last_sent > _NEVER, last_sent, cells.last_tx_ns)
+            return True
+        P = len(lay.prios)
+        duty = stack.rates[:, :, lay.gather[:2 * P]]
+        if lay.nan_pos.size:
+            duty[:, :, lay.nan_pos[lay.nan_pos < 2 * P]] = np.nan
+        if (duty.reshape(duty.shape[0], duty.shape[1], 2, P) >= self._duty_min).any():   # NaN compares False
+            return False
+        if lay.needs_recent_tx:
+            tx = stack.rates[:, :, lay.gather[2 * P:3 * P]]
+            if lay.zero_pos.size:
+                tx[:, :, lay.zero_pos[(lay.zero_pos >= 2 * P) & (lay.zero_pos < 3 * P)] - 2 * P] = 0.0
+            sent = tx > 0                                 # [t, n, P]
+            if sent.any():
+                last = sent.shape[0] - 1 - np.argmax(sent[::-1], axis=0)   # the newest tick that sent
+                cells.last_tx_ns = np.where(sent.any(axis=0), stack.times_ns[last], cells.last_tx_ns)
+        return True
+
     def _frame(self, view: SourceView, frame: EntityFrame, lay: _Layout, out: list) -> None:
-        cells = self._cells_for(view, frame, lay)
+        cells = self._cells_for(view.source, frame.kind, frame.ids, lay)
         dt_s = frame.dt_s
         if frame.rates is None or not dt_s > 0:          # first sample, refused sample: no evidence
             if cells.counting:                           # detection restarts; restoration holds

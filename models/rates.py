@@ -35,7 +35,7 @@ import numpy as np
 
 from fabricwatch.counters import Overflow, spec_for
 
-from .frames import EntityFrame
+from .frames import EntityFrame, FrameStack, LayoutGroup
 
 # A wrap is only believed if the wrapped delta is under this fraction of the counter's
 # range; a larger "wrap" is far likelier to be a reset to a small value.
@@ -83,27 +83,121 @@ class RateTracker:
         The first sample of a layout only primes the state. A sample not newer than the
         previous one is refused and counted (`stale_samples`) without touching the state.
         """
-        key = (source, frame.kind, frame.ids, frame.counter_names)
         n, m = frame.counters.shape
-        frame.rates = np.full((n, m), np.nan)
-        prev = self._last.get(key)
-        if prev is not None and time_ns <= prev[0]:
-            self.stats["stale_samples"] += 1
-            return False
-        self._last[key] = (time_ns, frame.counters)
-        if prev is None:
-            return False
-        prev_ns, prev_counters = prev
-        dt_s = (time_ns - prev_ns) / 1e9
-        frame.dt_s = dt_s
-        specs = self._specs_for(frame.counter_names)
+        stack = FrameStack(frame.kind, frame.ids, frame.counter_names, frame.gauge_names, np.zeros(1, np.intp),
+                           frame.counters.reshape(1, n, m), np.empty((1, n, 0)), times_ns=np.array([time_ns]))
+        fresh = self.update_stack(source, stack)
+        frame.rates = stack.rates[0]
+        if fresh and stack.dt_s[0] == stack.dt_s[0]:
+            frame.dt_s = float(stack.dt_s[0])
+            return True
+        return False
 
-        cur = frame.counters
-        went_down = cur < prev_counters
+    def update_stack(self, source: str, stack: FrameStack) -> bool:
+        """Fill `stack.rates` [t, n, m] and `stack.dt_s` [t] for every tick at once.
+
+        Each tick's rate is taken against the tick before it (the state's last sample for
+        the first), exactly as `update` would one tick at a time. Ticks not newer than the
+        state's last sample are refused (NaN rates, counted). False if nothing was new.
+        """
+        key = (source, stack.kind, stack.ids, stack.counter_names)
+        cur = stack.counters
+        t, n, m = cur.shape
+        times = stack.times_ns
+        stack.rates = np.full((t, n, m), np.nan)
+        stack.dt_s = np.full(t, np.nan)
+        prev = self._last.get(key)
+        first = 0
+        if prev is not None:
+            first = int(np.searchsorted(times, prev[0], side="right"))   # times increase: a prefix is stale
+            if first:
+                self.stats["stale_samples"] += first
+                if first == t:
+                    return False
+        # a copy: `cur` may view the record's bytes, which must not stay alive with the state
+        self._last[key] = (int(times[-1]), cur[-1].copy())
+        if prev is None:
+            if t == 1:
+                return True
+            before, before_ns, lo = cur[:-1], times[:-1], 1
+        else:
+            before = np.concatenate([prev[1][None], cur[first:-1]]) if t - first > 1 else prev[1][None]
+            before_ns = np.concatenate([[prev[0]], times[first:-1]])
+            lo = first
+        now = cur[lo:]
+        dt_s = (times[lo:] - before_ns) / 1e9
+        stack.dt_s[lo:] = dt_s
+        specs = self._specs_for(stack.counter_names)
+        stack.rates[lo:] = self._deltas(now, before, specs) * specs.scale / dt_s[:, None, None]
+        return True
+
+    def update_group(self, group: LayoutGroup) -> None:
+        """`update_stack` for every stack of a layout group, with one set of array operations.
+
+        Each stack's first tick is taken against the state's last sample of its source (or
+        the previous stack of the same source in the group); stacks that would refuse a tick
+        (not newer than the state) go through `update_stack` alone.
+        """
+        if len(group.stacks) == 1:
+            self.update_stack(group.sources[0], group.stacks[0])
+            group.rates, group.dt_s = group.stacks[0].rates, group.stacks[0].dt_s
+            return
+        kind, ids, names, _ = group.key
+        cur, times = group.counters, group.times_ns
+        rows, n, m = cur.shape
+        before = np.empty_like(cur)
+        before[1:] = cur[:-1]
+        before_ns = np.empty_like(times)
+        before_ns[1:] = times[:-1]
+        primed = np.ones(rows, dtype=bool)          # rows that have a sample before them
+        alone = []
+        last_row: dict[str, int] = {}
+        for i, (source, stack) in enumerate(zip(group.sources, group.stacks)):
+            start = int(group.starts[i])
+            end = start + len(stack.ticks)
+            if source in last_row:                   # the same source earlier in this group
+                j = last_row[source]
+                before[start], before_ns[start] = cur[j], times[j]
+            else:
+                prev = self._last.get((source, kind, ids, names))
+                if prev is None:
+                    primed[start] = False
+                    before[start], before_ns[start] = cur[start], times[start]
+                elif prev[0] >= times[start]:
+                    alone.append(i)                  # would refuse a tick: the careful path
+                    continue
+                else:
+                    before[start], before_ns[start] = prev[1], prev[0]
+            last_row[source] = end - 1
+        dt_s = (times - before_ns) / 1e9
+        dt_s[~primed] = np.nan
+        specs = self._specs_for(names)
+        delta = self._deltas(cur, before, specs, primed)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rates = delta * specs.scale / dt_s[:, None, None]
+        rates[~primed] = np.nan
+        group.rates, group.dt_s = rates, dt_s
+        for i, (source, stack) in enumerate(zip(group.sources, group.stacks)):
+            if i in alone:
+                self.update_stack(source, stack)
+                continue
+            start = int(group.starts[i])
+            end = start + len(stack.ticks)
+            stack.rates, stack.dt_s = rates[start:end], dt_s[start:end]
+        for source, j in last_row.items():
+            key = (source, kind, ids, names)
+            prev = self._last.get(key)
+            if prev is None or prev[0] < times[j]:
+                self._last[key] = (int(times[j]), cur[j].copy())
+
+    def _deltas(self, now: np.ndarray, before: np.ndarray, specs, primed: np.ndarray | None = None) -> np.ndarray:
+        """Counter increases [rows, n, m] as float64: wraps undone, resets and saturated
+        counters NaN (counted); ``primed``: rows that have a real sample before them."""
+        went_down = now < before
         # uint64 subtraction is modular; float64 keeps the magnitudes we care about.
-        delta = (cur - prev_counters).astype(np.float64)
+        delta = (now - before).astype(np.float64)
         if went_down.any():
-            wrapped = (prev_counters.astype(np.float64) * -1.0 + cur.astype(np.float64)) + specs.modulus
+            wrapped = (before.astype(np.float64) * -1.0 + now.astype(np.float64)) + specs.modulus
             is_wrap = went_down & (wrapped < specs.modulus * MAX_WRAP_FRACTION) & ~specs.saturating
             is_reset = went_down & ~is_wrap
             delta = np.where(is_wrap, wrapped, delta)
@@ -111,12 +205,13 @@ class RateTracker:
             self.stats["counter_wraps"] += int(is_wrap.sum())
             self.stats["counter_resets"] += int(is_reset.sum())
         if specs.saturating.any():
-            pinned = specs.saturating & (cur == specs.saturated_at)
+            pinned = specs.saturating & (now == specs.saturated_at)
+            if primed is not None:
+                pinned &= primed[:, None, None]
             if pinned.any():
                 delta[pinned] = np.nan
                 self.stats["saturated_counters"] += int(pinned.sum())
-        frame.rates = delta * specs.scale / dt_s
-        return True
+        return delta
 
     def forget(self, source: str) -> None:
         """Drop the state of a source (decommissioned node)."""

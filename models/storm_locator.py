@@ -43,7 +43,7 @@ newest source advanced `SOURCE_LIVENESS_MS` (a dead or partitioned node) is drop
 the minimum, so its silent-source root is named after grace + liveness, not never; one
 more than `SOURCE_MAX_LAG_MS` behind the newest (a clock far behind) is not waited for
 either. Cost: a few dict operations per source and record (~0.7 µs), and a scan of the
-occupied `WATERMARK_BUCKET_MS` buckets per record (a handful while sources are current).
+occupied `watermark.BUCKET_MS` buckets per record (a handful while sources are current).
 Limits: a backlog read so unevenly that a source is not read at all while another advances
 by the liveness window still expires graces early; a source whose clock lags (within the
 maximum lag) delays silent-source and switch roots by its lag (NIC roots never wait); one
@@ -75,12 +75,12 @@ and the clock is then that source's, as it was before the watermark.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from .findings import CRITICAL, OPEN, RESOLVED, UPDATE, EntityRef, Evidence, Finding
 from .pfc_storm import PAUSED, PAUSING, PauseStateChange
 from .topology import Topology
+from .watermark import LowWatermark
 
 DETECTOR = "pfc_storm/v1"
 KIND = "pfc_storm"
@@ -102,9 +102,6 @@ SOURCE_LIVENESS_MS = 10_000
 # A source this far behind the newest is not waited for even while it progresses (a clock
 # minutes behind must not hold every grace period back by as much).
 SOURCE_MAX_LAG_MS = 60_000
-# Resolution of the low watermark: it may trail the slowest live source by less than this.
-WATERMARK_BUCKET_MS = 10
-_BUCKET_NS = WATERMARK_BUCKET_MS * 1_000_000
 # UPDATE when the victim count reaches this multiple of the last reported count (or
 # goes from none to some): a storm's victims confirm over a few samples, so smaller
 # steps would only repeat the OPEN.
@@ -118,87 +115,26 @@ NodeKey = tuple[str, str, str]      # ("nic", node, "mlx5_2/1") | ("port", switc
 
 @dataclass
 class SourceProgress:
-    """Stage 1 has processed each of these sources of ``cluster`` through the given event time.
+    """Stage 1 has processed each of these streams of ``cluster`` through the given event time.
 
-    Every `PauseStateChange` of those sources up to that time was emitted before this
-    record, on the same partition: the locator may judge them complete up to there.
+    Every `PauseStateChange` of those streams up to that time was emitted before this
+    record, on the same partition: the locator may judge them complete up to there. A
+    stream is a source (one node or switch) or, from the worker, a whole telemetry
+    partition (the low watermark of its sources); ``expect`` then names every stream the
+    locator must wait for (each partition of the topic) instead of the topology's sources.
+    A partition's progress is about every cluster (``cluster`` empty: the storm stage
+    keeps the watermark over partitions, `streams.storm_stage`); ``idle``: the partition
+    has nothing left to read, not to be waited for until it reports again.
     """
 
     cluster: str
     through_ns_by_source: dict[str, int]
+    expect: tuple[str, ...] = ()
+    idle: bool = False
 
 
 def _source(ref: EntityRef) -> str:
     return ref.switch or ref.node
-
-
-class _LowWatermark:
-    """Processed-through time per source and its minimum over the live sources.
-
-    Liveness: an ordered dict of the live sources by the newest time at which each last
-    advanced (oldest first, so expiring pops the front). Minimum: a count of live sources
-    per `WATERMARK_BUCKET_MS` bucket of through time; the watermark is the floor of the
-    lowest bucket (at most a bucket below the exact minimum). An advance is a few dict
-    operations; `settle` scans the occupied buckets, which live sources keep within about
-    one sampling interval of each other (a handful), at most max lag / bucket.
-    """
-
-    def __init__(self, liveness_ns: int, max_lag_ns: int) -> None:
-        self._liveness_ns, self._max_lag_ns = liveness_ns, max_lag_ns
-        self.through_ns: dict[str, int] = {}
-        self._live: OrderedDict[str, int] = OrderedDict()   # source -> newest_ns when it last advanced
-        self._count: dict[int, int] = {}                    # bucket -> live sources processed through it
-        self._unheard: set[str] = set()                     # expected, never reported: any report counts
-        self.newest_ns = 0
-        self.value_ns = 0
-
-    def advance(self, progress) -> None:
-        """Apply (source, through_ns) pairs; a time not past a source's own is a redelivery."""
-        through, live, count, unheard = self.through_ns, self._live, self._count, self._unheard
-        newest = self.newest_ns
-        for source, through_ns in progress:
-            before = through.get(source, -1)
-            if through_ns <= before and not (unheard and source in unheard):
-                continue
-            unheard.discard(source)
-            through[source] = through_ns
-            if through_ns > newest:
-                newest = through_ns
-            bucket = through_ns // _BUCKET_NS
-            if source in live:
-                live.move_to_end(source)
-                old = before // _BUCKET_NS
-                if old == bucket:
-                    live[source] = newest
-                    continue
-                count[old] -= 1                             # emptied buckets go in `settle`
-            count[bucket] = count.get(bucket, 0) + 1
-            live[source] = newest
-        self.newest_ns = newest
-
-    def expect(self, sources, through_ns: int) -> None:
-        """Sources not heard from yet: live from now on, processed through ``through_ns``."""
-        for source in sources:
-            if source not in self.through_ns:
-                self.through_ns[source] = through_ns
-                self._unheard.add(source)
-                self._live[source] = self.newest_ns
-                bucket = through_ns // _BUCKET_NS
-                self._count[bucket] = self._count.get(bucket, 0) + 1
-
-    def settle(self) -> int:
-        """The watermark now: min over live sources, never moving back (newest if none is live)."""
-        live, count = self._live, self._count
-        silent_before = self.newest_ns - self._liveness_ns
-        while live and next(iter(live.values())) < silent_before:
-            source, _ = live.popitem(last=False)
-            count[self.through_ns[source] // _BUCKET_NS] -= 1
-        for bucket in [b for b, n in count.items() if not n]:
-            del count[bucket]
-        lagging_before = (self.newest_ns - self._max_lag_ns) // _BUCKET_NS
-        low = min((b for b in count if b >= lagging_before), default=None)
-        self.value_ns = max(self.value_ns, self.newest_ns if low is None else low * _BUCKET_NS)
-        return self.value_ns
 
 
 def _key(ref: EntityRef) -> NodeKey:
@@ -284,16 +220,18 @@ class StormLocator:
         self._pausing: dict[int, dict[NodeKey, PauseStateChange]] = {}
         self._storms: dict[tuple[NodeKey, int], _Storm] = {}
         self._now_ns = 0                # the clock grace periods run on
-        self._watermark = _LowWatermark(self.source_liveness_ms * 1_000_000, self.source_max_lag_ms * 1_000_000)
+        self._watermark = LowWatermark(self.source_liveness_ms * 1_000_000, self.source_max_lag_ms * 1_000_000)
         self._on_watermark = False      # set by the first SourceProgress
+        self._by_stream = False         # progress per stream (partition), not per source
 
     def __setstate__(self, state: dict) -> None:
         # Checkpoints written before the watermark existed load on the newest-record clock.
         state.setdefault("source_liveness_ms", SOURCE_LIVENESS_MS)
         state.setdefault("source_max_lag_ms", SOURCE_MAX_LAG_MS)
-        state.setdefault("_watermark", _LowWatermark(state["source_liveness_ms"] * 1_000_000,
+        state.setdefault("_watermark", LowWatermark(state["source_liveness_ms"] * 1_000_000,
                                                      state["source_max_lag_ms"] * 1_000_000))
         state.setdefault("_on_watermark", False)
+        state.setdefault("_by_stream", False)
         self.__dict__.update(state)
 
     @property
@@ -321,7 +259,8 @@ class StormLocator:
             table[key] = change
         else:
             table.pop(key, None)
-        self._watermark.advance(((_source(change.entity), change.at_ns),))
+        if not self._by_stream:                         # per-source progress: the change is progress too
+            self._watermark.advance(((_source(change.entity), change.at_ns),))
         if not self._on_watermark:
             self._now_ns = max(self._now_ns, change.at_ns)
             return self._evaluate(change.priority, change.at_ns)
@@ -335,13 +274,16 @@ class StormLocator:
         """Stage 1 has processed these sources this far: the low watermark may advance.
 
         The first record that names a source switches the clock from the newest record to
-        the watermark, and from then on every node and switch of the topology is expected.
+        the watermark, and from then on every stream it expects (default: every node and
+        switch of the topology) is waited for.
         """
         self._watermark.advance(record.through_ns_by_source.items())
         known = self._watermark.through_ns
         if not self._on_watermark and known:
             self._on_watermark = True
-            self._watermark.expect(list(self.topology.nodes) + list(self.topology.switches), min(known.values()))
+            self._by_stream = bool(record.expect)
+            expected = record.expect or list(self.topology.nodes) + list(self.topology.switches)
+            self._watermark.expect(expected, min(known.values()))
         before, self._now_ns = self._now_ns, self._watermark.settle()
         if self._now_ns <= before:
             return []

@@ -34,7 +34,7 @@ import numpy as np
 
 from .baseline import NoveltyAlarm
 from .findings import INFO, OPEN, RESOLVED, EntityRef, Evidence, Finding
-from .frames import GPU, NIC_PORT, SourceView
+from .frames import GPU, NIC_PORT, LayoutGroup, SourceBatch, SourceView
 
 DETECTOR = "unknown/v1"
 WINDOW_S = 10.0            # one learning sample per node per window
@@ -54,6 +54,9 @@ FEATURES: dict[str, tuple[str, str, str, float]] = {
     "gpu_power_w": (GPU, "power_mw", "sum", 1e-3),                      # gauge in mW
     "gpu_temperature_max_c": (GPU, "temperature_c", "max", 1.0),
 }
+
+
+_FEATURE_NAMES = tuple(FEATURES)
 
 
 @dataclass
@@ -95,6 +98,122 @@ class UnknownAnomalyDetector:
             out = self._close_window(view, node)
         self._accumulate(view, node)
         return out
+
+    def update_batch(self, batch: SourceBatch) -> list[Finding]:
+        """The ticks of one record at once: the same windows and sums as `update` tick by tick."""
+        if batch.source_kind != "node" or not len(batch.times_ns):
+            return []
+        times = batch.times_ns
+        node = self._nodes.get(batch.source)
+        if node is None:
+            node = self._nodes[batch.source] = _Node(
+                NoveltyAlarm(warm_up=self.warm_up, range_tolerance=RANGE_TOLERANCE, refractory=REFRACTORY),
+                int(times[0]))
+        contributions = self._contributions(batch)
+        out: list[Finding] = []
+        i, n = 0, len(times)
+        while i < n:
+            j = max(i, int(np.searchsorted(times, node.window_start_ns + self.window_s * 1e9, side="left")))
+            self._add(node, contributions, i, min(j, n))
+            if j >= n:
+                break
+            out += self._close_window(SourceView(batch.cluster, batch.source, "node", int(times[j]), 0), node)
+            i = j
+        return out
+
+    def screen(self, group: LayoutGroup) -> None:
+        """Each tick's feature values for every stack of a layout group, in one go."""
+        plan = self._plan_of(group.key[0], group.key[2], group.key[3])
+        if plan is None or not len(group.key[1]):
+            return
+        found = self._features(plan, group.rates, group.gauges)
+        if found is None:
+            for stack in group.stacks:
+                stack.screens["unknown"] = None
+            return
+        per_tick, present = found
+        for i, stack in enumerate(group.stacks):
+            start = int(group.starts[i])
+            end = start + len(stack.ticks)
+            stack.screens["unknown"] = (per_tick[start:end], present[start:end])
+
+    @staticmethod
+    def _features(plan, rates, gauges):
+        """(values, present) per tick and feature of a plan's features, or None if none present."""
+        names, rate_cols, gauge_cols, is_max, scale, _ = plan
+        parts = []
+        if rate_cols.size:
+            if rates is None:
+                return None
+            parts.append(rates[:, :, rate_cols])
+        if gauge_cols.size:
+            parts.append(gauges[:, :, gauge_cols])
+        values = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=2)   # [t, n, features]
+        present = ~np.isnan(values).all(axis=1)                                     # [t, features]
+        if not present.any():
+            return None
+        sums = np.where(np.isnan(values), 0.0, values).sum(axis=1)
+        if is_max.any():
+            sums = np.where(is_max, np.fmax.reduce(values, axis=1), sums)
+        return np.where(present, sums * scale, 0.0), present
+
+    def _contributions(self, batch: SourceBatch) -> tuple[np.ndarray, np.ndarray] | None:
+        """Each tick's value of every feature ([ticks, features], 0 where absent) and how many
+        blocks carried it; None when no block of the record feeds any feature."""
+        total = counts = None
+        for stack in batch.stacks:
+            if not len(stack.ids):
+                continue
+            plan = self._plan_of(stack.kind, stack.counter_names, stack.gauge_names)
+            if plan is None:
+                continue
+            found = stack.screens["unknown"] if "unknown" in stack.screens else \
+                self._features(plan, stack.rates, stack.gauges)
+            if found is None:
+                continue
+            if total is None:
+                total = np.zeros((len(batch.times_ns), len(_FEATURE_NAMES)))
+                counts = np.zeros((len(batch.times_ns), len(_FEATURE_NAMES)), dtype=np.int64)
+            per_tick, present = found
+            rows, columns = stack.ticks[:, None], plan[5]
+            total[rows, columns] += per_tick
+            counts[rows, columns] += present
+        return None if total is None else (total, counts)
+
+    def _plan_of(self, layout_kind: str, counter_names: tuple[str, ...], gauge_names: tuple[str, ...]):
+        """Which features a block layout feeds, from which columns (cached per layout)."""
+        plans = self.__dict__.setdefault("_plans", {})
+        key = (layout_kind, counter_names, gauge_names)
+        if key in plans:
+            return plans[key]
+        rates, gauges = [], []
+        for name, (kind, column, how, scale) in FEATURES.items():
+            if kind != layout_kind:
+                continue
+            if column in counter_names:
+                rates.append((name, counter_names.index(column), how == "max", scale))
+            elif column in gauge_names:
+                gauges.append((name, gauge_names.index(column), how == "max", scale))
+        both = rates + gauges
+        plan = None if not both else (
+            [b[0] for b in both], np.array([b[1] for b in rates], dtype=np.intp),
+            np.array([b[1] for b in gauges], dtype=np.intp), np.array([b[2] for b in both]),
+            np.array([b[3] for b in both]), np.array([_FEATURE_NAMES.index(b[0]) for b in both], dtype=np.intp))
+        if len(plans) >= 4096:
+            plans.clear()
+        plans[key] = plan
+        return plan
+
+    @staticmethod
+    def _add(node: _Node, contributions, i: int, j: int) -> None:
+        if j <= i or contributions is None:
+            return
+        total, counts = contributions
+        sums, ns = total[i:j].sum(axis=0), counts[i:j].sum(axis=0)
+        for f in np.flatnonzero(ns).tolist():
+            name = _FEATURE_NAMES[f]
+            node.sums[name] = node.sums.get(name, 0.0) + float(sums[f])
+            node.counts[name] = node.counts.get(name, 0) + int(ns[f])
 
     def _accumulate(self, view: SourceView, node: _Node) -> None:
         for name, (kind, column, how, scale) in FEATURES.items():

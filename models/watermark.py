@@ -1,0 +1,133 @@
+"""Low watermarks: how far every live stream of records has been processed, in event time.
+
+A stage that joins several streams (the storm locator over every source's PFC watchdog;
+the straggler stage over every telemetry partition's node health) may judge a moment only
+once every stream it waits for has been processed past it. `LowWatermark` keeps, per
+stream, the event time it has been processed through, and their minimum over the *live*
+streams: one that has not advanced while the newest advanced ``liveness_ns`` (a dead node,
+an empty partition) is dropped from the minimum, and so is one more than ``max_lag_ns``
+behind the newest (a clock far behind). Streams expected but never heard from (`expect`)
+count as processed through the time they were expected at. A stream declared `idle`
+(nothing left to read: its reader says so) is dropped until it advances again. The
+watermark never moves back.
+
+Over sources (nodes, switches: their clocks run live) liveness is judged in event time.
+Over *partitions* (`partitions`) it must not be: a partition not read yet while another
+drained a backlog minutes ahead is behind, not dead; only its reader can tell idle from
+behind, so partitions leave the minimum when declared idle, never on event time.
+
+Cost: a few dict operations per advance, and a scan of the occupied `BUCKET_MS` buckets
+per `settle` (a handful while streams are current).
+
+>>> wm = LowWatermark(liveness_ns=10_000_000_000, max_lag_ns=60_000_000_000)
+>>> wm.expect(["p0", "p1"], 1_000_000_000)
+>>> wm.advance([("p0", 3_000_000_000)]); wm.settle()
+1000000000
+>>> wm.advance([("p1", 2_000_000_000)]); wm.settle()
+2000000000
+>>> wm.advance([("p0", 14_000_000_000)]); wm.settle()          # p1 silent while p0 moved > 10 s: dropped
+14000000000
+>>> parts = LowWatermark.partitions()
+>>> parts.expect(["t/0", "t/1"], 0); parts.advance([("t/0", 90_000_000_000)]); parts.settle()   # t/1 not read yet
+0
+>>> parts.idle("t/1"); parts.settle()
+90000000000
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+# Resolution of the low watermark: it may trail the slowest live stream by less than this.
+BUCKET_MS = 10
+_BUCKET_NS = BUCKET_MS * 1_000_000
+# Liveness and lag over partitions: never judged on event time (see the module docstring).
+_NEVER_NS = 2**62
+
+
+class LowWatermark:
+    """Processed-through time per stream and its minimum over the live streams.
+
+    Liveness: an ordered dict of the live sources by the newest time at which each last
+    advanced (oldest first, so expiring pops the front). Minimum: a count of live sources
+    per `BUCKET_MS` bucket of through time; the watermark is the floor of the
+    lowest bucket (at most a bucket below the exact minimum). An advance is a few dict
+    operations; `settle` scans the occupied buckets, which live sources keep within about
+    one sampling interval of each other (a handful), at most max lag / bucket.
+    """
+
+    def __init__(self, liveness_ns: int, max_lag_ns: int) -> None:
+        self._liveness_ns, self._max_lag_ns = liveness_ns, max_lag_ns
+        self.through_ns: dict[str, int] = {}
+        self._live: OrderedDict[str, int] = OrderedDict()   # source -> newest_ns when it last advanced
+        self._count: dict[int, int] = {}                    # bucket -> live sources processed through it
+        self._unheard: set[str] = set()                     # expected, never reported: any report counts
+        self._idle: set[str] = set()                        # declared idle: any report revives
+        self.newest_ns = 0
+        self.value_ns = 0
+
+    @classmethod
+    def partitions(cls) -> LowWatermark:
+        """Over the partitions of a topic: a partition leaves the minimum only when `idle`."""
+        return cls(_NEVER_NS, _NEVER_NS)
+
+    def __setstate__(self, state: dict) -> None:
+        state.setdefault("_idle", set())
+        self.__dict__.update(state)
+
+    def advance(self, progress) -> None:
+        """Apply (source, through_ns) pairs; a time not past a source's own is a redelivery."""
+        through, live, count, unheard, idle = self.through_ns, self._live, self._count, self._unheard, self._idle
+        newest = self.newest_ns
+        for source, through_ns in progress:
+            before = through.get(source, -1)
+            if through_ns <= before and not (unheard and source in unheard) and not (idle and source in idle):
+                continue
+            unheard.discard(source)
+            idle.discard(source)
+            through[source] = through_ns
+            if through_ns > newest:
+                newest = through_ns
+            bucket = through_ns // _BUCKET_NS
+            if source in live:
+                live.move_to_end(source)
+                old = before // _BUCKET_NS
+                if old == bucket:
+                    live[source] = newest
+                    continue
+                count[old] -= 1                             # emptied buckets go in `settle`
+            count[bucket] = count.get(bucket, 0) + 1
+            live[source] = newest
+        self.newest_ns = newest
+
+    def expect(self, sources, through_ns: int) -> None:
+        """Sources not heard from yet: live from now on, processed through ``through_ns``."""
+        for source in sources:
+            if source not in self.through_ns:
+                self.through_ns[source] = through_ns
+                self._unheard.add(source)
+                self._live[source] = self.newest_ns
+                bucket = through_ns // _BUCKET_NS
+                self._count[bucket] = self._count.get(bucket, 0) + 1
+
+    def idle(self, source: str) -> None:
+        """``source`` has nothing more to report for now: out of the minimum until it advances."""
+        if source in self._live:
+            del self._live[source]
+            self._count[self.through_ns[source] // _BUCKET_NS] -= 1
+        self.through_ns.setdefault(source, self.value_ns)
+        self._unheard.discard(source)
+        self._idle.add(source)
+
+    def settle(self) -> int:
+        """The watermark now: min over live sources, never moving back (newest if none is live)."""
+        live, count = self._live, self._count
+        silent_before = self.newest_ns - self._liveness_ns
+        while live and next(iter(live.values())) < silent_before:
+            source, _ = live.popitem(last=False)
+            count[self.through_ns[source] // _BUCKET_NS] -= 1
+        for bucket in [b for b, n in count.items() if not n]:
+            del count[bucket]
+        lagging_before = (self.newest_ns - self._max_lag_ns) // _BUCKET_NS
+        low = min((b for b in count if b >= lagging_before), default=None)
+        self.value_ns = max(self.value_ns, self.newest_ns if low is None else low * _BUCKET_NS)
+        return self.value_ns
