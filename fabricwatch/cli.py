@@ -6,7 +6,10 @@
     fabricwatch replay                 the detectors over a recorded stream, offline
     fabricwatch eval                   labelled scenario suites -> docs/evaluation.md (vs baselines)
     fabricwatch tail                   follow the anomalies topic
+    fabricwatch status                 how far the workers are behind (lag, caught up)
 
+Every command takes ``--topic-prefix`` (several deployments on one broker) and
+``--partitions`` (the stage-1 topics' partitions when they are created; docs/operations.md).
 Long-running commands serve Prometheus metrics with ``--metrics-listen [HOST:PORT]``
 (fabricwatch/metrics.py; off by default, 127.0.0.1:97xx when given without a value);
 ``--log-format json`` writes one JSON object per log line (fabricwatch/logging_setup.py).
@@ -66,19 +69,31 @@ def cmd_gateway(args) -> int:
 
 
 def cmd_worker(args) -> int:
+    import dataclasses
+
     from fabricwatch.streams.app import WorkerSettings
     from fabricwatch.streams.worker import run_worker
 
+    if args.stale_after < 0 or args.checkpoint_interval <= 0 or args.caught_up_lag < 0:
+        raise ValueError("--stale-after and --caught-up-lag must be >= 0, --checkpoint-interval > 0")
     settings = WorkerSettings(bootstrap=args.broker, app_id=args.app_id,
                               ready_file=os.environ.get("FABRICWATCH_WORKER_READY_FILE", ""),
                               state_dir=str(args.state_dir) if args.state_dir else "",
                               checkpoint_interval_s=args.checkpoint_interval,
+                              checkpoints=not args.no_checkpoints, caught_up_lag=args.caught_up_lag,
                               rebuild_telemetry_lookback_s=args.rebuild_telemetry_lookback,
                               rebuild_pause_states_lookback_s=args.rebuild_pause_states_lookback,
                               rebuild_rank_steps_lookback_s=args.rebuild_rank_steps_lookback)
-    run_worker(settings, _detection_config(args), _load_topology(args.topology), loglevel=args.log_level,
+    detection = dataclasses.replace(_detection_config(args), max_sample_age_s=args.stale_after or None)
+    run_worker(settings, detection, _load_topology(args.topology), loglevel=args.log_level,
                log_format=args.log_format)
     return 0
+
+
+def cmd_status(args) -> int:
+    from fabricwatch.streams.status import print_status
+
+    return asyncio.run(print_status(args.broker, args.app_id, args.caught_up_lag, as_json=args.json))
 
 
 def cmd_simulate(args) -> int:
@@ -91,7 +106,7 @@ def cmd_simulate(args) -> int:
                               root_cert_path=args.ca_cert or "", server_name_override="localhost" if args.ca_cert else "")
     run = SimulationRun(nodes=args.nodes, seed=args.seed, interval_s=args.interval, duration_s=args.duration,
                         realtime=not args.as_fast_as_possible, scenario=args.scenario,
-                        record_path=args.record, topology_out=args.topology_out)
+                        record_path=args.record, topology_out=args.topology_out, cadence=args.cadence)
     stats = asyncio.run(run_simulation(run, sender))
     print(" ".join(f"{k}={v}" for k, v in sorted(stats.items())), file=sys.stderr)
     return 0
@@ -193,9 +208,33 @@ def _serve_metrics(args) -> None:
                                                   extra={"metrics_port": endpoint.port})
 
 
+def _topic_opts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topic-prefix", default=None, metavar="PREFIX",
+                   help="what every Kafka topic name starts with (default fabricwatch., or FABRICWATCH_TOPIC_PREFIX)")
+    p.add_argument("--partitions", type=int, default=None, metavar="N",
+                   help="partitions of the telemetry, rank-steps, facts and state topics when they are created "
+                        "(default 12, or FABRICWATCH_PARTITIONS)")
+
+
+def _apply_topic_opts(argv: list[str]) -> list[str]:
+    """Set the topic environment before anything imports `streams.topics` (it reads it once).
+
+    The options may come before or after the subcommand; the rest of ``argv`` is returned.
+    """
+    pre = argparse.ArgumentParser(add_help=False)
+    _topic_opts(pre)
+    known, rest = pre.parse_known_args(argv)
+    if known.topic_prefix is not None:
+        os.environ["FABRICWATCH_TOPIC_PREFIX"] = known.topic_prefix
+    if known.partitions is not None:
+        os.environ["FABRICWATCH_PARTITIONS"] = str(known.partitions)
+    return rest
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fabricwatch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    _topic_opts(p)
     p.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING (default), ERROR")
     p.add_argument("--log-format", default="text", choices=["text", "json"],
                    help="log lines as text (default) or one JSON object per line")
@@ -247,9 +286,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("worker", help="Faust worker: telemetry -> detectors -> anomalies")
     sp.add_argument("--broker", default="127.0.0.1:9092")
     sp.add_argument("--app-id", default="fabricwatch-worker", help="consumer group; workers sharing it share partitions")
-    sp.add_argument("--state-dir", type=Path, default=None,
-                    help="keep detection-state checkpoints here (survive restarts); default: none")
-    sp.add_argument("--checkpoint-interval", type=float, default=30.0, help="seconds between checkpoints")
+    sp.add_argument("--state-dir", type=Path, default=None, help="Faust's data folder (default: a temporary one)")
+    sp.add_argument("--checkpoint-interval", type=float, default=30.0,
+                    help="seconds between checkpoints of every partition's state to the state topic")
+    sp.add_argument("--no-checkpoints", action="store_true",
+                    help="no checkpoints: a moved partition is rebuilt from its history (benchmarks)")
+    sp.add_argument("--stale-after", type=float, default=120.0, metavar="SECONDS",
+                    help="findings on records the gateway received longer ago go out as info, marked stale, "
+                         "and are re-raised once live records confirm them; 0 = off")
+    sp.add_argument("--caught-up-lag", type=int, default=500, metavar="RECORDS",
+                    help="a partition this close to its end counts as caught up (metric, `fabricwatch status`)")
     for topic, default in (("telemetry", 15.0), ("pause-states", 600.0), ("rank-steps", 300.0)):
         sp.add_argument(f"--rebuild-{topic}-lookback", type=float, default=default, metavar="SECONDS",
                         help=f"on taking over a {topic} partition with no state for it, rebuild the state from "
@@ -264,10 +310,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--ca-cert", help="PEM of the gateway's certificate/CA (TLS)")
     sp.add_argument("--nodes", type=int, default=64)
     sp.add_argument("--seed", type=int, default=7)
-    sp.add_argument("--interval", type=float, default=1.0, help="sampling interval in seconds")
+    sp.add_argument("--interval", type=float, default=1.0,
+                    help="sampling interval in seconds (--cadence uniform only)")
+    sp.add_argument("--cadence", default="collector", choices=["collector", "uniform"],
+                    help="collector: PFC counters every 100 ms, everything else every 1 s, batched as the "
+                         "node collector does (default); uniform: every block every --interval")
     sp.add_argument("--duration", type=float, default=60.0, help="simulated seconds (0 = forever)")
     sp.add_argument("--scenario", default="demo", choices=["demo", "healthy"])
-    sp.add_argument("--record", help="also write every snapshot to this JSON Lines file")
+    sp.add_argument("--record", help="also write every snapshot to this recording (binary; JSON Lines if it ends "
+                                     "in .jsonl)")
     sp.add_argument("--topology-out", help="write the simulated topology YAML here")
     sp.add_argument("--as-fast-as-possible", action="store_true", help="do not pace ticks to the wall clock")
     metrics_opts(sp, "simulate")
@@ -283,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     metrics_opts(respond.add_parser(sub), "respond")
 
-    sp = sub.add_parser("replay", help="run the detectors over a recorded JSON Lines stream")
+    sp = sub.add_parser("replay", help="run the detectors over a recording (binary or JSON Lines)")
     sp.add_argument("--input", required=True)
     sp.add_argument("--output", required=True)
     detection_opts(sp)
@@ -299,6 +350,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--no-progress", action="store_true", help="no per-scenario line on stderr")
     sp.set_defaults(func=cmd_eval)
+
+    sp = sub.add_parser("status", help="the workers' progress: lag per topic and partition, caught up or not")
+    sp.add_argument("--broker", default="127.0.0.1:9092")
+    sp.add_argument("--app-id", default="fabricwatch-worker", help="the workers' consumer group")
+    sp.add_argument("--caught-up-lag", type=int, default=500, metavar="RECORDS")
+    sp.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    sp.set_defaults(func=cmd_status)
 
     sp = sub.add_parser("tail", help="follow the anomalies topic")
     sp.add_argument("--broker", default="127.0.0.1:9092")
@@ -342,6 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     from fabricwatch.logging_setup import configure_logging
 
+    argv = _apply_topic_opts(list(argv) if argv is not None else sys.argv[1:])
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
     try:

@@ -124,7 +124,23 @@ WORKER_CONSUMER_LAG = _metric("worker", Gauge,
     "fabricwatch_worker_consumer_lag_messages",
     "Kafka highwater minus the worker's position, per assigned topic partition.", ["topic", "partition"])
 WORKER_CHECKPOINT_AGE = _metric("worker", Gauge,
-    "fabricwatch_worker_checkpoint_age_seconds", "Age of the detection-state checkpoint file (NaN: none yet).")
+    "fabricwatch_worker_checkpoint_age_seconds",
+    "Seconds since this worker last checkpointed its partitions' state to the state topic (NaN: not yet).")
+WORKER_CHECKPOINT_BYTES = _metric("worker", Gauge,
+    "fabricwatch_worker_checkpoint_bytes", "Compressed size of the last checkpoint of this worker's partitions.")
+WORKER_STATE_LOAD_SECONDS = _metric("worker", Histogram,
+    "fabricwatch_worker_state_load_seconds",
+    "Time to read and restore one partition's checkpoint after it was assigned here.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+WORKER_CAUGHT_UP = _metric("worker", Gauge,
+    "fabricwatch_worker_caught_up",
+    "1 when every partition assigned here is within the caught-up lag of its end and the facts are read, else 0.")
+WORKER_FACTS_WATERMARK_LAG = _metric("worker", Gauge,
+    "fabricwatch_worker_facts_watermark_lag_seconds",
+    "Wall clock minus the low watermark of stage 1 over every telemetry partition (how far node health trails).")
+WORKER_HELD_RANK_STEPS = _metric("worker", Gauge,
+    "fabricwatch_worker_held_rank_step_records",
+    "Rank-step records held until node health covers them (stage 3's event-time join).")
 WORKER_REBUILT_RECORDS = _metric("worker", Counter,
     "fabricwatch_worker_rebuilt_records_total",
     "Records folded into detection state from a partition's history (takeover, restart), findings suppressed.",

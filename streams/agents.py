@@ -1,65 +1,171 @@
-"""Faust agents: thin loops that move records between topics and the stage handlers.
+"""Faust agents and timers: thin loops that move records between topics and the stages.
 
-Each agent takes a batch, and under the state lock admits each record (skip what the state
-already holds, rebuild a gap first: `streams.rebuild`), folds it in, and sends what it
-produced. Sends bypass Faust's attachments (`force=True`) so that a checkpoint, which
-flushes the producer, covers only records whose outputs were delivered.
+Each agent takes a batch, and under the state lock admits each record (its partition's
+stage restored or created, what the stage already holds skipped, a gap rebuilt first:
+`streams.partitions`), folds it in, and sends what it produced. Sends bypass Faust's
+attachments (``force=True``) so that a checkpoint, which flushes the producer, covers
+only records whose outputs were delivered. A rebalance checkpoints the partitions it
+revokes and keeps those that come back in memory.
 """
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Callable, Iterable
 
 import faust
 
-from .handlers import Record, StageHandlers
-from .rebuild import StateKeeper
+from . import topics
+from .fact_reader import FactReader
+from .handlers import ANOMALIES, FACTS, PAUSE_STATES, Record, StageHandlers
+from .idleness import Idleness
+from .partitions import PartitionStates
+from .source_stage import SourceStage
+from .storm_stage import StormStage
+from .straggler_stage import StragglerStage
 
-# Records are taken in small batches so Faust's per-message cost is amortised.
+log = logging.getLogger("fabricwatch.worker")
+# Records are taken in batches so Faust's per-message cost is amortised.
 TAKE_MAX_RECORDS = 500
 TAKE_WITHIN_S = 0.05
 CLUSTER_TIMER_S = 0.5
+# Held rank steps are looked at when the facts' watermark moved, at most this often.
+RELEASE_INTERVAL_S = 0.1
+# How often the telemetry partitions are checked for idleness (`streams.idleness`).
+IDLE_CHECK_S = 1.0
 
 
-def register(app: faust.App, stages: StageHandlers, keeper: StateKeeper) -> None:
-    async def send_all(topic, records: Iterable[Record]) -> None:
-        for key, value, headers in records:
-            await topic.send(key=key, value=value, headers=list(headers), force=True)
+def register(app: faust.App, handlers: StageHandlers, states: PartitionStates, reader: FactReader) -> None:
+    outputs = {ANOMALIES: app.anomalies_topic, PAUSE_STATES: app.pause_states_topic, FACTS: app.facts_topic}
+    idleness = Idleness()
 
-    async def run_stage(stream, stage: Callable[[bytes], list[tuple[faust.TopicT, list[Record]]]]) -> None:
-        fold = stages.rebuild_with(stage)
+    async def send_all(records: Iterable[Record]) -> None:
+        for r in records:
+            await outputs[r.topic].send(key=r.key, value=r.value, headers=list(r.headers), partition=r.partition,
+                                        timestamp=r.timestamp_ms / 1000 if r.timestamp_ms else None, force=True)
+
+    async def run_stage(stream, handle: Callable[..., list[Record]]) -> None:
         async for events in stream.take_events(TAKE_MAX_RECORDS, within=TAKE_WITHIN_S):
-            async with keeper.lock:
+            async with states.lock:
                 for event in events:
-                    message = event.message
-                    if not await keeper.admit(message.topic, message.partition, message.offset,
-                                              message.timestamp, fold):
+                    m = event.message
+                    stage = await states.admit(m.topic, m.partition, m.offset, m.timestamp,
+                                               lambda st, raw, p=m.partition: handle(raw, st, p, None, True))
+                    if stage is None:
                         continue
-                    outputs = stage(event.value)
-                    keeper.folded(message.topic, message.partition, message.offset)
-                    for topic, records in outputs:
-                        await send_all(topic, records)
+                    records = handle(event.value, stage, m.partition, int(m.timestamp * 1000), False)
+                    states.folded(m.topic, m.partition, m.offset)
+                    await send_all(records)
 
-    def telemetry(raw: bytes):
-        anomalies, pause_states = stages.on_snapshot(raw)
-        return [(app.anomalies_topic, anomalies), (app.pause_states_topic, pause_states)]
+    async def run_telemetry(stream) -> None:
+        # Like run_stage, but each partition's records of a batch go through its stage
+        # together: the array work of many sources is shared (`SourceStage.observe_many`).
+        async for events in stream.take_events(TAKE_MAX_RECORDS, within=TAKE_WITHIN_S):
+            async with states.lock:
+                admitted = []
+                for event in events:
+                    m = event.message
+                    idleness.read(m.partition, m.offset)
+                    stage = await states.admit(m.topic, m.partition, m.offset, m.timestamp,
+                                               lambda st, raw, p=m.partition: handlers.on_telemetry(raw, st, p,
+                                                                                                    None, True))
+                    if stage is not None:
+                        admitted.append((m, (event.value, stage, m.partition, int(m.timestamp * 1000))))
+                records = handlers.on_telemetry_many([item for _, item in admitted])
+                for m, _ in admitted:
+                    states.folded(m.topic, m.partition, m.offset)
+                await send_all(records)
 
     @app.agent(app.telemetry_topic, name="detect_on_telemetry")
     async def detect_on_telemetry(stream):
-        await run_stage(stream, telemetry)
+        await run_telemetry(stream)
 
     @app.agent(app.pause_states_topic, name="locate_storms")
     async def locate_storms(stream):
-        await run_stage(stream, lambda raw: [(app.anomalies_topic, stages.on_pause_state(raw))])
+        await run_stage(stream, lambda raw, st, p, ts, rb: handlers.on_pause_state(raw, st, ts, rb))
 
     @app.agent(app.rank_steps_topic, name="detect_stragglers")
     async def detect_stragglers(stream):
-        await run_stage(stream, lambda raw: [(app.anomalies_topic, stages.on_rank_steps(raw))])
+        await run_stage(stream, handlers.on_rank_steps)
 
     @app.timer(CLUSTER_TIMER_S)
     async def expire_cluster_state():
-        # The pipeline caps this wall clock at the newest sample's event time (catch-up safe);
-        # a half-rebuilt picture waits for its rebuild.
-        if keeper.rebuilding:
+        # The storm stage caps this wall clock at the newest event time it has seen
+        # (catch-up safe); a half-rebuilt picture waits for its rebuild.
+        if states.rebuilding:
             return
-        await send_all(app.anomalies_topic, stages.on_timer(time.time_ns()))
+        async with states.lock:
+            now_ns = time.time_ns()
+            for _, stage in states.of_kind(StormStage):
+                await send_all(handlers.on_timer(stage, now_ns))
+            for partition, stage in states.of_kind(StragglerStage):
+                if stage.held:                  # a watermark stalled on the wall clock
+                    await send_all(handlers.on_release(stage, partition))
+
+    @app.timer(IDLE_CHECK_S)
+    async def declare_idle_partitions():
+        if states.rebuilding:
+            return
+        assigned = [tp for tp in app.consumer.assignment() if tp.topic == topics.TELEMETRY]
+        highwaters, positions = {}, {}
+        for tp in assigned:
+            try:
+                highwaters[tp.partition] = app.consumer.highwater(tp)
+                if highwaters[tp.partition] is not None and not idleness.has_read(tp.partition):
+                    positions[tp.partition] = await app.consumer.position(tp)
+            except Exception:               # not assigned any more (a rebalance under way)
+                highwaters.pop(tp.partition, None)
+        due = idleness.due(highwaters, positions)
+        if not due:
+            return
+        async with states.lock:
+            for partition in due:
+                stage = states.stages.get((topics.TELEMETRY, partition))
+                await send_all(handlers.on_idle(stage if isinstance(stage, SourceStage) else None,
+                                                topics.TELEMETRY, partition, states.telemetry_partitions))
+
+    @app.task
+    async def read_facts():
+        reader.start()
+        await reader.ready.wait()
+        states.set_facts_ready()
+        while True:
+            await reader.moved.wait()
+            reader.moved.clear()
+            if not states.rebuilding:
+                async with states.lock:
+                    for partition, stage in states.of_kind(StragglerStage):
+                        if stage.held:
+                            await send_all(handlers.on_release(stage, partition))
+            await asyncio.sleep(RELEASE_INTERVAL_S)
+
+    @app.on_partitions_revoked.connect
+    async def _checkpoint_revoked(sender, revoked, **kwargs) -> None:
+        await states.revoke_maybe({(tp.topic, tp.partition) for tp in revoked})
+
+    @app.on_partitions_assigned.connect
+    async def _check_coverage(sender, assigned, **kwargs) -> None:
+        states.assigned({(tp.topic, tp.partition) for tp in assigned})
+        idleness.forget({tp.partition for tp in assigned if tp.topic == topics.TELEMETRY})
+        asyncio.ensure_future(resume_partitions([tp for tp in assigned if tp.topic in folds]))
+
+    folds = {topics.TELEMETRY: lambda st, raw, p: handlers.on_telemetry(raw, st, p, None, True),
+             topics.PAUSE_STATES: lambda st, raw, p: handlers.on_pause_state(raw, st, None, True),
+             topics.RANK_STEPS: lambda st, raw, p: handlers.on_rank_steps(raw, st, p, None, True)}
+
+    async def resume_partitions(assigned) -> None:
+        # A partition that came from another worker resumes at once, not on its next record:
+        # there may be none (a drained backlog), and its state holds what is still to come.
+        for tp in assigned:
+            try:
+                async with states.lock:
+                    if (tp.topic, tp.partition) in states.stages:
+                        continue
+                    next_offset = await app.consumer.position(tp)
+                    if next_offset is None:
+                        continue
+                    await states.resume(tp.topic, tp.partition, next_offset,
+                                        lambda st, raw, tp=tp: folds[tp.topic](st, raw, tp.partition))
+            except Exception as exc:        # moved again meanwhile: its next owner resumes it
+                log.info("resuming %s[%d] stopped: %s", tp.topic, tp.partition, exc)

@@ -16,6 +16,9 @@ True
 b'{"type":"source_progress","cluster":"c1","through_ns_by_source":{"n1":20,"leaf-u0-r0":30}}'
 >>> pause_change_from_json(pause_change_to_json(p)) == p
 True
+>>> p = SourceProgress("", {"t/0": 20}, ("t/0", "t/1"), idle=True)
+>>> pause_change_from_json(pause_change_to_json(p)) == p
+True
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from fabricwatch.models.pfc_storm import PauseStateChange
 from fabricwatch.models.storm_locator import SourceProgress
 
 CHANGE_TYPE, PROGRESS_TYPE = "pause_state_change", "source_progress"
+MAX_EXPECTED_STREAMS = 4096
 
 
 class RecordError(ValueError):
@@ -37,6 +41,10 @@ def pause_change_to_json(record: PauseStateChange | SourceProgress) -> bytes:
     """Either record of the pause-states topic, with its type."""
     if isinstance(record, SourceProgress):
         doc = {"type": PROGRESS_TYPE, "cluster": record.cluster, "through_ns_by_source": record.through_ns_by_source}
+        if record.expect:
+            doc["expect"] = list(record.expect)
+        if record.idle:
+            doc["idle"] = True
     else:
         doc = {"type": CHANGE_TYPE, **dataclasses.asdict(record)}
     return json.dumps(doc, separators=(",", ":")).encode()
@@ -68,4 +76,11 @@ def _progress(doc: dict) -> SourceProgress:
         # bool is an int in Python, and JSON has no other way to say "not a time"
         if not source or type(at_ns) is not int or at_ns < 0:
             raise ValueError(f"source_progress: {source!r} -> {at_ns!r} is not a source and an event time in ns")
-    return SourceProgress(cluster, through)
+    expect = doc.get("expect", [])
+    if not isinstance(expect, list) or len(expect) > MAX_EXPECTED_STREAMS or \
+            not all(isinstance(s, str) and s for s in expect):
+        raise ValueError("source_progress: expect must be a list of stream names")
+    idle = doc.get("idle", False)
+    if type(idle) is not bool:
+        raise ValueError("source_progress: idle must be true or false")
+    return SourceProgress(cluster, through, tuple(expect), idle)

@@ -1,7 +1,11 @@
-"""Bytes in, bytes out: what the Faust agents call for each record.
+"""Bytes in, records out: what the Faust agents call for each record of each stage.
 
-Kept apart from the agents so that tests drive them without Kafka, and so that a
-malformed record is counted and skipped here, never raised into the stream loop.
+Kept apart from the agents so that tests drive them without Kafka, and so that a malformed
+record is counted and skipped here, never raised into the stream loop. Each call takes the
+record's value, the stage instance of its partition and the record's timestamp (the
+gateway's receive time, carried on from stage to stage: what staleness is measured on), and
+returns the records to send, in order. While a stage rebuilds its state from history
+(`rebuilding`), nothing is returned: whoever processed those records then sent it all.
 """
 from __future__ import annotations
 
@@ -14,33 +18,59 @@ from typing import NamedTuple
 from google.protobuf.message import DecodeError
 
 from fabricwatch.models.findings import Finding
+from fabricwatch.models.frames import SourceBatch
+from fabricwatch.models.pfc_storm import PauseStateChange
+from fabricwatch.models.storm_locator import SourceProgress
 from fabricwatch.protos.v1 import events_pb2 as ev
+from fabricwatch.protos.v1 import records_pb2 as rec
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 
+from . import facts as fact_codec
 from .cloudevents import CloudEventError, anomaly_headers
 from .codec import RecordError, pause_change_from_json, pause_change_to_json
+from .decode import RecordError as TelemetryRecordError
+from .decode import rank_steps_of, to_batch
 from .events import to_event
-from .pipeline import DetectionPipeline
+from .facts import Fact
+from .source_stage import SourceStage, partition_idle
+from .storm_stage import StormStage
+from .straggler_stage import StragglerStage
 
 log = logging.getLogger("fabricwatch.worker")
+ANOMALIES, PAUSE_STATES, FACTS = "anomalies", "pause_states", "facts"
 
 
 class Record(NamedTuple):
-    """One record for a topic: anomalies carry their CloudEvents headers (`streams.cloudevents`)."""
+    """One record to send: to which of the worker's output topics, key, value, headers.
 
+    ``partition``: an explicit partition (facts go to the partition of the same number as
+    the input's); ``timestamp_ms``: the gateway's receive time of what it derives from.
+    """
+
+    topic: str
     key: bytes
     value: bytes
     headers: tuple[tuple[str, bytes], ...] = ()
+    partition: int | None = None
+    timestamp_ms: int | None = None
 
 
 class StageHandlers:
-    """The worker's three stages over one shared `DetectionPipeline`."""
+    """The worker's three stages, record by record; counters in `stats`.
 
-    def __init__(self, pipeline: DetectionPipeline) -> None:
-        self.pipeline = pipeline
+    ``facts_partitions``: how many partitions the facts topic has; a stage's facts go to
+    its input partition's number modulo that, so each input partition's facts stay in order.
+    ``pause_partitions``: how many the pause-states topic has; a partition's progress goes
+    to each (every cluster's storm locator waits for every telemetry partition).
+    """
+
+    def __init__(self, facts_partitions: int = 1, pause_partitions: int = 1) -> None:
+        self.facts_partitions = facts_partitions
+        self.pause_partitions = pause_partitions
         self.stats: Counter[str] = Counter()
 
-    def _guarded(self, what: str, fn: Callable[[], list[Finding]]) -> list[Finding]:
+    # -- helpers ----------------------------------------------------------------------------
+    def _guarded(self, what: str, fn: Callable[[], list]) -> list:
         try:
             return fn()
         except Exception:  # a model bug must not stop the stream for every other entity
@@ -48,17 +78,14 @@ class StageHandlers:
             log.exception("detection failed on %s", what)
             return []
 
-    def _decode(self, raw: bytes) -> pb.Snapshot | None:
-        try:
-            return pb.Snapshot.FromString(raw)
-        except DecodeError as exc:
-            self.stats["malformed_records"] += 1
-            log.warning("skipping a malformed record (%d bytes): %s", len(raw), exc)
-            return None
+    def _malformed(self, what: str, raw: bytes, exc: Exception) -> None:
+        self.stats["malformed_records"] += 1
+        log.warning("skipping a malformed %s record (%d bytes): %s", what, len(raw), exc)
 
-    def events(self, findings: list[Finding]) -> list[Record]:
+    def anomalies(self, findings: list[Finding], timestamp_ms: int | None = None) -> list[Record]:
         now_ns = time.time_ns()
-        return [Record(e.dedup_key.encode(), e.SerializeToString(), self._headers(e))
+        return [Record(ANOMALIES, e.dedup_key.encode(), e.SerializeToString(), self._headers(e),
+                       timestamp_ms=timestamp_ms)
                 for e in (to_event(f, now_ns) for f in findings)]
 
     def _headers(self, event: ev.AnomalyEvent) -> tuple[tuple[str, bytes], ...]:
@@ -69,49 +96,116 @@ class StageHandlers:
             log.warning("sending anomaly %s without CloudEvents headers: %s", event.id, exc)
             return ()
 
-    def on_snapshot(self, raw: bytes) -> tuple[list[Record], list[Record]]:
-        """Stage 1. (anomaly records, pause-state records keyed by cluster)."""
-        snap = self._decode(raw)
-        if snap is None:
-            return [], []
-        out = None
+    def facts(self, facts: list[Fact], partition: int, timestamp_ms: int | None) -> list[Record]:
+        out = []
+        for fact in facts:
+            key, value = fact_codec.encode(fact)
+            out.append(Record(FACTS, key, value, partition=partition % self.facts_partitions,
+                              timestamp_ms=timestamp_ms))
+        return out
 
-        def run() -> list[Finding]:
-            nonlocal out
-            out = self.pipeline.observe(snap)
-            return out.findings
+    # -- the stages -----------------------------------------------------------------------
+    def on_telemetry(self, raw: bytes, stage: SourceStage, partition: int, timestamp_ms: int | None = None,
+                     rebuilding: bool = False) -> list[Record]:
+        """Stage 1: one `SourceRecord` of one source."""
+        return self.on_telemetry_many([(raw, stage, partition, timestamp_ms)], rebuilding)
 
-        findings = self._guarded(f"a snapshot of {snap.source}", run)
-        changes = out.pause_changes if out else []
-        return self.events(findings), [Record(snap.cluster.encode(), pause_change_to_json(c)) for c in changes]
-
-    def on_pause_state(self, raw: bytes) -> list[Record]:
-        """Stage 2: the storm locator."""
-        try:
-            change = pause_change_from_json(raw)
-        except RecordError as exc:
-            self.stats["malformed_records"] += 1
-            log.warning("skipping a malformed pause-state record: %s", exc)
-            return []
-        return self.events(self._guarded("a pause-state record", lambda: self.pipeline.locate(change)))
-
-    def on_rank_steps(self, raw: bytes) -> list[Record]:
-        """Stage 3: the straggler detector."""
-        snap = self._decode(raw)
-        if snap is None:
-            return []
-        return self.events(self._guarded(f"rank steps from {snap.source}", lambda: self.pipeline.add_rank_steps(snap)))
-
-    def rebuild_with(self, stage: Callable[[bytes], object]) -> Callable[[bytes], None]:
-        """`stage` as a fold for `streams.rebuild`: state moves, nothing is counted, logged or returned."""
-        def fold(raw: bytes) -> None:
-            self.pipeline.rebuilding = True
+    def on_telemetry_many(self, items: list[tuple[bytes, SourceStage, int, int | None]],
+                          rebuilding: bool = False) -> list[Record]:
+        """Stage 1: records (value, stage, partition, timestamp) as read, each partition's
+        through its stage in one `SourceStage.observe_many` (the array work shared)."""
+        by_stage: dict[int, tuple[SourceStage, int, list[SourceBatch]]] = {}
+        for raw, stage, partition, timestamp_ms in items:
             try:
-                stage(raw)
+                batch = to_batch(rec.SourceRecord.FromString(raw))
+            except (DecodeError, TelemetryRecordError) as exc:
+                self._malformed("telemetry", raw, exc)
+                continue
+            if not batch.received_ns and timestamp_ms:
+                batch.received_ns = timestamp_ms * 1_000_000
+            by_stage.setdefault(id(stage), (stage, partition, []))[2].append(batch)
+        records: list[Record] = []
+        for stage, partition, batches in by_stage.values():
+            stage.accounting.rebuilding = rebuilding
+            try:
+                outs = stage.observe_many(batches, self._guarded)
             finally:
-                self.pipeline.rebuilding = False
-        return fold
+                stage.accounting.rebuilding = False
+            if rebuilding:
+                continue
+            for batch, out in zip(batches, outs):
+                stamp = batch.received_ns // 1_000_000 or None
+                records += self.anomalies(out.findings, stamp)
+                records += self.pause_states(out.pause_records, stamp)
+                records += self.facts(out.facts, partition, stamp)
+        return records
 
-    def on_timer(self, now_ns: int) -> list[Record]:
-        """Let time-based state expire (storm grace periods) when no record arrives."""
-        return self.events(self._guarded("the cluster timer", lambda: self.pipeline.tick_cluster(now_ns)))
+    def pause_states(self, changes: list[PauseStateChange | SourceProgress], timestamp_ms: int | None) -> list[Record]:
+        """Watchdog changes to their cluster's partition; a partition's progress to every one."""
+        out = []
+        for r in changes:
+            value = pause_change_to_json(r)
+            if isinstance(r, SourceProgress) and not r.cluster:
+                out += [Record(PAUSE_STATES, b"", value, partition=p, timestamp_ms=timestamp_ms)
+                        for p in range(self.pause_partitions)]
+            else:
+                out.append(Record(PAUSE_STATES, _cluster_of(r).encode(), value, timestamp_ms=timestamp_ms))
+        return out
+
+    def on_idle(self, stage: SourceStage | None, topic: str, partition: int, partitions: int) -> list[Record]:
+        """Stage 1 of a partition with nothing left to read: the others stop waiting for it."""
+        fact, progress = stage.idle() if stage is not None else partition_idle(topic, partition, partitions)
+        self.stats["idle_partitions_declared"] += 1
+        return self.pause_states([progress], None) + self.facts([fact], partition, None)
+
+    def on_pause_state(self, raw: bytes, stage: StormStage, timestamp_ms: int | None = None,
+                       rebuilding: bool = False) -> list[Record]:
+        """Stage 2: one watchdog change or progress record."""
+        try:
+            record = pause_change_from_json(raw)
+        except RecordError as exc:
+            self._malformed("pause-state", raw, exc)
+            return []
+        stage.accounting.rebuilding = rebuilding
+        try:
+            found = self._guarded("a pause-state record",
+                                  lambda: stage.locate(record, (timestamp_ms or 0) * 1_000_000))
+        finally:
+            stage.accounting.rebuilding = False
+        return [] if rebuilding else self.anomalies(found, timestamp_ms)
+
+    def on_rank_steps(self, raw: bytes, stage: StragglerStage, partition: int, timestamp_ms: int | None = None,
+                      rebuilding: bool = False) -> list[Record]:
+        """Stage 3: one job's rank steps (held until node health covers them)."""
+        try:
+            snap = pb.Snapshot.FromString(raw)
+        except DecodeError as exc:
+            self._malformed("rank-steps", raw, exc)
+            return []
+        steps = rank_steps_of(snap)
+        stage.accounting.rebuilding = rebuilding
+        try:
+            outs = self._guarded(f"rank steps from {snap.source}",
+                                 lambda: [stage.add(steps, snap.cluster, (timestamp_ms or 0) * 1_000_000)])
+        finally:
+            stage.accounting.rebuilding = False
+        if not outs or rebuilding:
+            return []
+        found, placements = outs[0]
+        return self.anomalies(found, timestamp_ms) + self.facts(placements, partition, timestamp_ms)
+
+    def on_release(self, stage: StragglerStage, partition: int) -> list[Record]:
+        """Stage 3 when the facts' watermark moved: the held steps it now covers."""
+        outs = self._guarded("held rank steps", lambda: [stage.release()])
+        if not outs:
+            return []
+        found, placements = outs[0]
+        return self.anomalies(found) + self.facts(placements, partition, None)
+
+    def on_timer(self, stage: StormStage, now_ns: int) -> list[Record]:
+        """Stage 2 without records: let grace periods expire."""
+        return self.anomalies(self._guarded("the cluster timer", lambda: stage.poll(now_ns)))
+
+
+def _cluster_of(record) -> str:
+    return record.cluster if hasattr(record, "cluster") else record.entity.cluster

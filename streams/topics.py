@@ -4,27 +4,38 @@ The broker runs with ``auto.create.topics.enable=false``: every topic is declare
 and created by :func:`ensure_topics` with explicit partition counts and configs.
 
 Topic names carry a schema version suffix (``.v1``); a breaking change of the payload
-gets a new topic, not an in-place change.
+gets a new topic, not an in-place change. Every name starts with `PREFIX` (default
+``fabricwatch.``; the environment variable ``FABRICWATCH_TOPIC_PREFIX``, which every
+command's ``--topic-prefix`` sets), so several deployments or test runs share a broker.
 
 =========================  ==========================  ==========  =========
 topic                      key                         partitions  retention
 =========================  ==========================  ==========  =========
-``TELEMETRY``              source node / switch name   12          6 h
-``RANK_STEPS``             job id                      12          6 h
+``TELEMETRY``              source node / switch name   12 (P)      6 h
+``RANK_STEPS``             job id                      12 (P)      6 h
 ``PAUSE_STATES``           cluster name                3           1 day
+``FACTS``                  fact (``streams.facts``)    12 (P)      compacted
+``STATE``                  stage / partition / chunk   12 (P)      compacted, 1 h
 ``ANOMALIES``              anomaly dedup key           6           7 days
 ``ACTIONS``                (see actions/)              6           30 days
 ``AUDIT``                  (see actions/)              6           30 days
 =========================  ==========================  ==========  =========
 
+P, the stage-1 partitions, is ``FABRICWATCH_PARTITIONS`` (``--partitions``) when the
+topics are created: it caps the workers that share the load and sizes what a rebalance
+moves (docs/operations.md has the sizing table). FACTS and STATE have P partitions too:
+a partition's facts and checkpoints go to the partition of the same number.
+
 >>> [s.name for s in ALL_TOPICS][:2]
-['fabricwatch.telemetry.v1', 'fabricwatch.rank-steps.v1']
+['fabricwatch.telemetry.v2', 'fabricwatch.rank-steps.v1']
 >>> SPECS[TELEMETRY].partitions, SPECS[TELEMETRY].configs()["retention.ms"]
 (12, '21600000')
 >>> [s.partitions for s in all_topics(partitions=1)]
-[1, 1, 1, 1, 1, 1]
->>> all_topics(partitions={ANOMALIES: 2})[3].partitions
+[1, 1, 1, 1, 1, 1, 1, 1]
+>>> all_topics(partitions={ANOMALIES: 2})[5].partitions
 2
+>>> SPECS[FACTS].configs()["cleanup.policy"]
+'compact'
 """
 
 from __future__ import annotations
@@ -32,6 +43,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -41,13 +54,18 @@ __all__ = [
     "ALL_TOPICS",
     "ANOMALIES",
     "AUDIT",
+    "FACTS",
+    "PARTITIONS",
     "PAUSE_STATES",
+    "PREFIX",
     "RANK_STEPS",
     "SPECS",
+    "STATE",
     "TELEMETRY",
     "TopicSpec",
     "all_topics",
     "ensure_topics",
+    "partitions_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -67,6 +85,9 @@ class TopicSpec:
     retention_ms: int
     cleanup_policy: str = "delete"
     replication_factor: int = 1
+    # Compacted topics roll segments often: only closed segments are compacted, so the
+    # default of 7 days would keep every checkpoint of a week.
+    segment_ms: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -82,30 +103,61 @@ class TopicSpec:
 
     def configs(self) -> dict[str, str]:
         """The topic-level configs this spec sets at creation."""
-        return {"retention.ms": str(self.retention_ms), "cleanup.policy": self.cleanup_policy}
+        out = {"retention.ms": str(self.retention_ms), "cleanup.policy": self.cleanup_policy}
+        if self.segment_ms is not None:
+            out["segment.ms"] = str(self.segment_ms)
+        return out
 
     def with_partitions(self, partitions: int) -> TopicSpec:
         return dataclasses.replace(self, partitions=partitions)
 
 
 # ---------------------------------------------------------------------- the topics
-#: Fabric telemetry samples (port counters, PFC/ECN, link state). Key: source node/switch name.
-TELEMETRY = "fabricwatch.telemetry.v1"
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9._-]{0,100}$")
+
+
+def _env_prefix() -> str:
+    prefix = os.environ.get("FABRICWATCH_TOPIC_PREFIX", "fabricwatch.")
+    if not _PREFIX_RE.match(prefix):
+        raise ValueError(f"FABRICWATCH_TOPIC_PREFIX {prefix!r}: letters, digits, '.', '_' and '-' only")
+    return prefix
+
+
+def _env_partitions() -> int:
+    raw = os.environ.get("FABRICWATCH_PARTITIONS", "12")
+    if not raw.isdigit() or not 1 <= int(raw) <= 1024:
+        raise ValueError(f"FABRICWATCH_PARTITIONS {raw!r}: an integer 1..1024")
+    return int(raw)
+
+
+#: What every topic name starts with (``FABRICWATCH_TOPIC_PREFIX``).
+PREFIX = _env_prefix()
+#: Partitions of the stage-1 topics (telemetry, rank steps, facts, state) at creation.
+PARTITIONS = _env_partitions()
+#: Fabric telemetry: `SourceRecord`s, several ticks of one source each. Key: source name.
+TELEMETRY = f"{PREFIX}telemetry.v2"
 #: Per-rank training step timings. Key: job id.
-RANK_STEPS = "fabricwatch.rank-steps.v1"
-#: PFC watchdog onsets/restorations, input of the storm locator. Key: cluster name.
-PAUSE_STATES = "fabricwatch.pause-states.v1"
+RANK_STEPS = f"{PREFIX}rank-steps.v1"
+#: PFC watchdog onsets/restorations and stage-1 progress, input of the storm locator. Key: cluster.
+PAUSE_STATES = f"{PREFIX}pause-states.v1"
+#: What a stage tells every worker (node health, nominal-rate votes, placements, progress).
+FACTS = f"{PREFIX}facts.v1"
+#: Checkpoints of each partition's detection state (`streams.state_store`).
+STATE = f"{PREFIX}state.v1"
 #: Detected anomalies. Key: the anomaly's dedup key.
-ANOMALIES = "fabricwatch.anomalies.v1"
+ANOMALIES = f"{PREFIX}anomalies.v1"
 #: Remediation actions requested / taken.
-ACTIONS = "fabricwatch.actions.v1"
+ACTIONS = f"{PREFIX}actions.v1"
 #: Audit trail of decisions and actions.
-AUDIT = "fabricwatch.audit.v1"
+AUDIT = f"{PREFIX}audit.v1"
 
 _DEFAULTS: tuple[TopicSpec, ...] = (
-    TopicSpec(TELEMETRY, partitions=12, retention_ms=6 * HOUR_MS),
-    TopicSpec(RANK_STEPS, partitions=12, retention_ms=6 * HOUR_MS),
+    TopicSpec(TELEMETRY, partitions=PARTITIONS, retention_ms=6 * HOUR_MS),
+    TopicSpec(RANK_STEPS, partitions=PARTITIONS, retention_ms=6 * HOUR_MS),
     TopicSpec(PAUSE_STATES, partitions=3, retention_ms=1 * DAY_MS),
+    TopicSpec(FACTS, partitions=PARTITIONS, retention_ms=-1, cleanup_policy="compact", segment_ms=10 * 60_000),
+    TopicSpec(STATE, partitions=PARTITIONS, retention_ms=1 * HOUR_MS, cleanup_policy="compact,delete",
+              segment_ms=5 * 60_000),
     TopicSpec(ANOMALIES, partitions=6, retention_ms=7 * DAY_MS),
     TopicSpec(ACTIONS, partitions=6, retention_ms=30 * DAY_MS),
     TopicSpec(AUDIT, partitions=6, retention_ms=30 * DAY_MS),
@@ -195,6 +247,21 @@ async def ensure_topics(
                     raise for_code(code)(f"could not create topic {topic}: {message}")
             log.info("created topics %s", [s.name for s in missing])
         await _wait_visible(admin, specs, timeout_s)
+    finally:
+        await admin.close()
+
+
+async def partitions_of(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[int]:
+    """The partition numbers a topic has now (empty when it does not exist)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="fabricwatch-topics",
+                                request_timeout_ms=int(timeout_s * 1000))
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+        return sorted(p["partition"] for t in described if t["topic"] == topic and t["error_code"] == _NO_ERROR
+                      for p in t["partitions"])
     finally:
         await admin.close()
 

@@ -1,11 +1,13 @@
 """The worker's metrics that are read rather than counted, refreshed by a Faust timer.
 
 Consumed records per topic come from Faust's own monitor (it counts every message
-anyway), decode and processing errors from `StageHandlers.stats`, open anomalies from
-`DetectionPipeline.open_anomalies`, and the consumer lag per assigned partition from the
-Kafka consumer: highwater minus the position of the stream (the offset after the last
-record handed to an agent, or the fetch position before the first one). Reading them
-every few seconds costs the stream loop nothing per record.
+anyway), decode and processing errors from `StageHandlers.stats`, open anomalies from the
+stages of the partitions held here, the consumer lag per assigned partition from the
+Kafka consumer (highwater minus the position of the stream: the offset after the last
+record handed to an agent, or the fetch position before the first one), whether the
+worker is caught up (every partition within the caught-up lag and the facts read), how far
+node health trails the wall clock, and the rank steps held for it. Reading them every few
+seconds costs the stream loop nothing per record.
 """
 from __future__ import annotations
 
@@ -13,13 +15,14 @@ import logging
 import math
 import time
 from collections import Counter
-from pathlib import Path
 
 from fabricwatch import metrics
 from fabricwatch.metrics import CounterMirror
 
+from .fact_reader import FactReader
 from .handlers import StageHandlers
-from .pipeline import DetectionPipeline
+from .partitions import PartitionStates
+from .straggler_stage import StragglerStage
 
 log = logging.getLogger("fabricwatch.worker")
 REFRESH_INTERVAL_S = 5.0
@@ -28,54 +31,55 @@ DECODE_ERROR_REASONS = {"malformed_records": "malformed_record", "processing_err
                         "events_without_cloudevent_headers": "event_without_headers"}
 
 
-def checkpoint_age_s(path: Path) -> float:
-    """Seconds since the checkpoint file was written; NaN when there is none."""
-    try:
-        return max(0.0, time.time() - path.stat().st_mtime)
-    except OSError:
-        return math.nan
-
-
 class WorkerMetrics:
     """Call `refresh()` on a timer (`REFRESH_INTERVAL_S`)."""
 
-    def __init__(self, app, handlers: StageHandlers, pipeline: DetectionPipeline,
-                 checkpoint_path: Path | None = None) -> None:
+    def __init__(self, app, handlers: StageHandlers, states: PartitionStates, reader: FactReader,
+                 caught_up_lag: int) -> None:
         self.app = app
         self.handlers = handlers
-        self.pipeline = pipeline
+        self.states = states
+        self.reader = reader
+        self.caught_up_lag = caught_up_lag
         self._consumed = CounterMirror(metrics.WORKER_RECORDS_CONSUMED)
         self._errors = CounterMirror(metrics.WORKER_DECODE_ERRORS, rename=DECODE_ERROR_REASONS)
         self._open_labels: set[tuple[str, str]] = set()
         self._lag_labels: set[tuple[str, str]] = set()
-        if checkpoint_path is not None:
-            metrics.WORKER_CHECKPOINT_AGE.set_function(lambda: checkpoint_age_s(checkpoint_path))
+        metrics.WORKER_CHECKPOINT_AGE.set_function(lambda: max(0.0, time.time() - states.checkpointed_at_s)
+                                                   if not math.isnan(states.checkpointed_at_s) else math.nan)
 
     async def refresh(self) -> None:
         self._consumed.sync(self.app.monitor.messages_received_by_topic)
         self._errors.sync(self.handlers.stats)
         self.export_open_anomalies()
-        await self.export_lag()
+        lags = await self.export_lag()
+        caught_up = self.reader.ready.is_set() and lags is not None and all(
+            lag <= self.caught_up_lag for lag in lags.values())
+        metrics.WORKER_CAUGHT_UP.set(1 if caught_up else 0)
+        wm = self.states.facts.watermark_ns
+        metrics.WORKER_FACTS_WATERMARK_LAG.set((time.time_ns() - wm) / 1e9 if wm else math.nan)
+        metrics.WORKER_HELD_RANK_STEPS.set(sum(s.held for _, s in self.states.of_kind(StragglerStage)))
 
     def export_open_anomalies(self) -> None:
-        counts = Counter(self.pipeline.open_anomalies.values())
+        counts = Counter(self.states.open_anomalies.values())
         for kind, severity in self._open_labels - set(counts):
             metrics.WORKER_OPEN_ANOMALIES.labels(kind, severity).set(0)   # keep the series, at 0
         for (kind, severity), n in counts.items():
             metrics.WORKER_OPEN_ANOMALIES.labels(kind, severity).set(n)
         self._open_labels |= set(counts)
 
-    async def export_lag(self) -> None:
+    async def export_lag(self) -> dict[tuple[str, str], int] | None:
         try:
             lags = await consumer_lag(self.app)
         except Exception as exc:  # between rebalances the consumer may not answer: skip one refresh
             log.debug("consumer lag not available: %s", exc)
-            return
+            return None
         for labels in self._lag_labels - set(lags):          # partitions revoked by a rebalance
             metrics.WORKER_CONSUMER_LAG.remove(*labels)
         for (topic, partition), lag in lags.items():
             metrics.WORKER_CONSUMER_LAG.labels(topic, partition).set(lag)
         self._lag_labels = set(lags)
+        return lags
 
 
 async def consumer_lag(app) -> dict[tuple[str, str], int]:

@@ -5,12 +5,12 @@ import time
 
 import pytest
 from google.protobuf import json_format
-from helpers import nic_snapshot
+from helpers import nic_snapshot, telemetry_value
 
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.streams.cloudevents import (CloudEventError, anomaly_headers, decision_headers, entity_key,
                                              format_time, parse, parse_time)
-from fabricwatch.streams.handlers import StageHandlers
+from fabricwatch.streams.handlers import ANOMALIES, StageHandlers
 from fabricwatch.streams.pipeline import DetectionPipeline
 
 S = 10**9
@@ -162,15 +162,15 @@ def test_events_that_cannot_become_cloudevents_are_refused():
 
 def test_worker_handlers_attach_the_headers_to_every_anomaly():
     """The stage the Faust agent calls: its anomaly records carry headers that parse back to the value."""
-    stages = StageHandlers(DetectionPipeline())
+    stages, stage = StageHandlers(), DetectionPipeline().sources
     t0 = time.time_ns()
     records = []
     for i in range(6):
         rates = {5: "200 Gb/sec (4X HDR)"} if 2 <= i <= 3 else {}
-        anomalies, pause_states = stages.on_snapshot(
-            nic_snapshot(source="node-0042", t_ns=t0 + i * S, seq=i, rates=rates).SerializeToString())
-        records += anomalies
-        assert all(r.headers == () for r in pause_states)
+        out = stages.on_telemetry(
+            telemetry_value(nic_snapshot(source="node-0042", t_ns=t0 + i * S, seq=i, rates=rates)), stage, 0)
+        records += [r for r in out if r.topic == ANOMALIES]
+        assert all(r.headers == () for r in out if r.topic != ANOMALIES)
     assert [dict(r.headers)["ce_type"] for r in records] == [b"io.fabricwatch.anomaly.v1.link_downgrade.open",
                                                             b"io.fabricwatch.anomaly.v1.link_downgrade.resolved"]
     for record in records:

@@ -160,17 +160,28 @@ def test_compose_references_resolve(compose):
                 assert source in volumes, (name, source)
 
 
-def topic_creations(script: str) -> dict[str, tuple[str, int]]:
-    """{topic: (partitions expression, retention_ms)} from the `create NAME PARTITIONS RETENTION` lines."""
-    return {m.group(1): (m.group(2), int(m.group(3)))
-            for m in re.finditer(r"^\s*create (fabricwatch\.\S+) (\S+) (\d+)\s*$", script, re.M)}
+def topic_creations(script: str) -> dict[str, tuple[str, int, dict[str, str]]]:
+    """{topic: (partitions expression, retention_ms, other configs)} from the
+    `create NAME PARTITIONS RETENTION [POLICY SEGMENT_MS]` lines."""
+    out = {}
+    for m in re.finditer(r"^\s*create (fabricwatch\.\S+) (\S+) (-?\d+)(?: (\S+) (\d+))?\s*$", script, re.M):
+        configs = {"cleanup.policy": m.group(4) or "delete"}
+        if m.group(5):
+            configs["segment.ms"] = m.group(5)
+        out[m.group(1)] = (m.group(2), int(m.group(3)), configs)
+    return out
+
+
+def assert_topics_match_the_code(created) -> None:
+    assert set(created) == set(topics.SPECS)
+    for name, (_, retention_ms, configs) in created.items():
+        spec = topics.SPECS[name].configs()
+        assert retention_ms == topics.SPECS[name].retention_ms, name
+        assert configs == {k: v for k, v in spec.items() if k != "retention.ms"}, name
 
 
 def test_compose_creates_every_topic_with_the_code_retention(compose):
-    created = topic_creations(compose["services"]["kafka-init"]["command"][0])
-    assert set(created) == set(topics.SPECS)
-    for name, (_, retention_ms) in created.items():
-        assert retention_ms == topics.SPECS[name].retention_ms, name
+    assert_topics_match_the_code(topic_creations(compose["services"]["kafka-init"]["command"][0]))
 
 
 def test_compose_config_validates(tmp_path):
@@ -330,10 +341,9 @@ def test_helm_topics_job_matches_the_code(helm):
     result = run([helm, "template", "fw", str(CHART), *KUBE_VERSION, *VALUE_SETS["full"]])
     job = next(o for o in yaml.safe_load_all(result.stdout) if o and o["kind"] == "Job")
     created = topic_creations(job["spec"]["template"]["spec"]["containers"][0]["args"][0])
-    assert set(created) == set(topics.SPECS)
     assert created[topics.TELEMETRY][0] == "48"                     # from ci/full-values.yaml
-    for name, (_, retention_ms) in created.items():
-        assert retention_ms == topics.SPECS[name].retention_ms, name
+    assert created[topics.FACTS][0] == created[topics.STATE][0] == "48"
+    assert_topics_match_the_code(created)
 
 
 def test_helm_policy_configmap_passes_policy_check(helm, tmp_path):

@@ -13,7 +13,7 @@ import uuid
 import grpc
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from helpers import nic_snapshot
+from helpers import nic_snapshot, telemetry_value
 
 from fabricwatch.localtls import ensure_self_signed
 from fabricwatch.protos.v1 import events_pb2 as ev
@@ -399,7 +399,7 @@ async def test_the_worker_writes_cloudevents_headers_that_the_feed_serves(kafka_
                 for i in range(6):
                     rates = {5: "200 Gb/sec (4X HDR)"} if 2 <= i <= 3 else {}
                     snap = nic_snapshot(source=node, t_ns=t0 + i * S, seq=i, rates=rates, cluster=cluster)
-                    await p.send_and_wait(topics.TELEMETRY, key=node.encode(), value=snap.SerializeToString())
+                    await p.send_and_wait(topics.TELEMETRY, key=node.encode(), value=telemetry_value(snap))
             records, ids = [], set()
             deadline = time.monotonic() + 90
             while len(records) < 2 and time.monotonic() < deadline:

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 from aiokafka import AIOKafkaConsumer
-from helpers import RecordingSink, free_port, gateway_and_sender, nic_snapshot, running
+from helpers import (FAST_GROUP_ENV, Process, RecordingSink, Worker, free_port, gateway_and_sender, nic_snapshot,
+                     running, telemetry_value)
 
 from fabricwatch.collectors.faults import PfcStorm, Straggler
 from fabricwatch.collectors.sender import GatewaySender, SenderConfig
@@ -30,6 +31,7 @@ from fabricwatch.collectors.simulator import ClusterSimulator, Job
 from fabricwatch.localkafka import LocalKafka
 from fabricwatch.models.topology import rail_optimised
 from fabricwatch.protos.v1 import events_pb2 as ev
+from fabricwatch.protos.v1 import records_pb2 as rec
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.streams import topics
 from fabricwatch.streams.events import to_event
@@ -37,10 +39,6 @@ from fabricwatch.streams.pipeline import DetectionPipeline
 
 pytestmark = pytest.mark.kafka
 S = 10**9
-WORKER_READY_TIMEOUT_S = 120
-# Short Kafka group timeouts so that a second worker takes over a killed one's partitions in
-# seconds (Faust's default session timeout is 60 s); read by Faust from the environment.
-FAST_GROUP_ENV = {"BROKER_SESSION_TIMEOUT": "6", "BROKER_HEARTBEAT_INTERVAL": "1"}
 
 
 # ---------------------------------------------------------------------- processes
@@ -54,54 +52,6 @@ def broker(tmp_path_factory) -> LocalKafka:
         yield kafka
     finally:
         kafka.stop()
-
-
-class Process:
-    """A service under test as a child process: `kill()` is kill -9, `stop()` a SIGTERM first."""
-
-    proc: subprocess.Popen | None = None
-    stop_timeout_s = 30.0
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-class Worker(Process):
-    """One `fabricwatch worker` process; `start()` starts it (again)."""
-
-    def __init__(self, bootstrap: str, logs: Path, app_id: str, name: str, *extra: str, env=None) -> None:
-        self.bootstrap, self.logs, self.app_id, self.name = bootstrap, logs, app_id, name
-        self.extra, self.env = extra, env or {}
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def log_path(self) -> Path:
-        return self.logs / f"{self.name}.log"
-
-    def start(self) -> Worker:
-        ready = self.logs / f"{self.name}.ready"
-        ready.unlink(missing_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fabricwatch.cli", "--log-level", "INFO", "worker", "--broker", self.bootstrap,
-                 "--app-id", self.app_id, *self.extra], stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env, "FABRICWATCH_WORKER_READY_FILE": str(ready)})
-        deadline = time.monotonic() + WORKER_READY_TIMEOUT_S
-        while not ready.exists():
-            assert self.proc.poll() is None, self.log_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, f"{self.name} did not join its group in {WORKER_READY_TIMEOUT_S} s"
-            time.sleep(0.2)
-        return self
-
 
 
 class AnomalyReader:
@@ -294,7 +244,7 @@ async def telemetry_seqs(bootstrap: str, sources: set[str]) -> dict[str, list[in
                 for r in records:
                     source = r.key.decode()
                     if source in sources:
-                        seqs[source].append(pb.Snapshot.FromString(r.value).seq)
+                        seqs[source].extend(rec.SourceRecord.FromString(r.value).seq)
     finally:
         await consumer.stop()
     return seqs
@@ -612,59 +562,81 @@ async def test_skewed_clocks_and_out_of_order_duplicated_samples_keep_event_time
 
 
 # ---------------------------------------------------------------------- 4. a worker that falls behind
-async def test_worker_catching_up_on_a_backlog_marks_stale_findings_and_pages_on_live_ones(broker, tmp_path):
-    """Telemetry piles up while the worker is away; once back, what the backlog shows is still
-    reported, but as info with its age (`max_sample_age_s`, 120 s in the worker), while the same
-    fault on live data keeps its severity."""
-    from fabricwatch.streams.worker import LIVE_MAX_SAMPLE_AGE_S
+STALE_AFTER_S = 6.0
 
+
+async def test_worker_catching_up_on_a_backlog_marks_stale_findings_and_reraises_them_live(broker, tmp_path):
+    """Telemetry piles up while the worker is away; once back, what the backlog shows is still
+    reported, but as info with its age on the gateway's clock (``--stale-after``), while the
+    same fault on live data keeps its severity, and a demoted fault that live samples confirm
+    is raised again at its own severity. A node whose clock is far behind is not stale: its
+    records were received now."""
     app_id = f"fw-behind-{uuid.uuid4().hex[:6]}"
     tag = uuid.uuid4().hex[:6]
-    old_node, live_node = f"node-{tag}-old", f"node-{tag}-live"
-    old_t0 = time.time_ns() - int((LIVE_MAX_SAMPLE_AGE_S + 90) * S)
+    old_node, live_node, skewed_node = f"node-{tag}-old", f"node-{tag}-live", f"node-{tag}-skewed"
 
-    def downgrade(node: str, t0: int) -> list[pb.Snapshot]:
+    def downgrade(node: str, t0: int, ticks=range(4)) -> list[pb.Snapshot]:
         return [nic_snapshot(source=node, t_ns=t0 + i * S, seq=i, cluster="faults",
-                             rates={1: "200 Gb/sec (4X HDR)"} if i >= 2 else {}) for i in range(4)]
+                             rates={1: "200 Gb/sec (4X HDR)"} if i >= 2 else {}) for i in ticks]
 
+    old_t0 = time.time_ns() - 4 * S
     async with AnomalyReader(broker.bootstrap, "faults") as reader, gateway_and_sender(broker.bootstrap) as sender:
         await send(sender, downgrade(old_node, old_t0))          # the backlog: no worker consumes it yet
-        worker = Worker(broker.bootstrap, tmp_path, app_id, "behind-worker").start()
+        await asyncio.sleep(STALE_AFTER_S + 2)
+        worker = Worker(broker.bootstrap, tmp_path, app_id, "behind-worker", "--stale-after",
+                        str(STALE_AFTER_S)).start()
         try:
-            await send(sender, downgrade(live_node, time.time_ns()))
-            nodes = {old_node, live_node}
-            await reader.wait_for("both downgrades", lambda events: {e.entity.node for e in events} >= nodes)
+            await send(sender, downgrade(live_node, time.time_ns())
+                       + downgrade(skewed_node, time.time_ns() - 150 * S))
+            nodes = {old_node, live_node, skewed_node}
+            await reader.wait_for("three downgrades", lambda events: {e.entity.node for e in events} >= nodes)
+            # the old node's link is still down, seen live now
+            await send(sender, downgrade(old_node, time.time_ns() - 10 * S, range(4, 6)))
+            await reader.wait_for("the re-raise", lambda events: any(
+                e.entity.node == old_node and e.lifecycle == ev.LIFECYCLE_UPDATE for e in events))
         finally:
             worker.stop()
-    opened = {e.entity.node: e for e in reader.events if e.lifecycle == ev.LIFECYCLE_OPEN and e.entity.node in nodes}
-    stale, live = opened[old_node], opened[live_node]
+    events = [e for e in reader.events if e.entity.node in nodes]
+    opened = {e.entity.node: e for e in events if e.lifecycle == ev.LIFECYCLE_OPEN}
+    stale, live, skewed = opened[old_node], opened[live_node], opened[skewed_node]
     assert stale.severity == ev.SEVERITY_INFO and stale.summary.startswith("[stale: ")
     age = {e.name: e for e in stale.evidence}["sample_age_s"]
-    assert age.value > LIVE_MAX_SAMPLE_AGE_S and age.threshold == LIVE_MAX_SAMPLE_AGE_S
-    assert live.severity != ev.SEVERITY_INFO and "sample_age_s" not in {e.name for e in live.evidence}
+    assert age.value > STALE_AFTER_S and age.threshold == STALE_AFTER_S
+    for fresh in (live, skewed):
+        assert fresh.severity == ev.SEVERITY_CRITICAL and "sample_age_s" not in {e.name for e in fresh.evidence}
+    raised = next(e for e in events if e.entity.node == old_node and e.lifecycle == ev.LIFECYCLE_UPDATE)
+    assert raised.severity == ev.SEVERITY_CRITICAL and raised.summary.startswith("[confirmed live] ")
+    assert raised.onset_unix_ns == stale.onset_unix_ns
     assert "[stale: " in worker.log_path.read_text()             # and the worker's log says so
-    print(f"behind: backlog finding {age.value:.0f} s old -> info; live finding {ev.Severity.Name(live.severity)}")
+    print(f"behind: backlog finding {age.value:.0f} s old -> info, re-raised live; "
+          f"live and skewed findings {ev.Severity.Name(live.severity)}")
 
 
 def test_backlog_read_switches_first_names_no_switch_root(tmp_path):
-    """What the worker does when catching up: stage 1 reads partitions at different paces; here the
-    switches' backlog is processed before the nodes'. The storm must still be the NIC's alone: the
-    locator's grace periods run on the sources' low watermark, which the nodes hold back."""
+    """What the worker does when catching up: stage 1 reads partitions at different paces; here
+    the partition of the switches is processed before the nodes'. The storm must still be the
+    NIC's alone: the locator's grace periods run on the partitions' low watermark, which the
+    nodes' partition holds back."""
     episode = storm_then_straggler(tmp_path, seconds=6)
     from fabricwatch.models.topology import Topology
     from fabricwatch.streams.codec import pause_change_from_json, pause_change_to_json
+    from fabricwatch.streams.decode import snapshot_batch
+    from fabricwatch.streams.source_stage import SourceStage
 
     pipeline = DetectionPipeline(topology=Topology.load(episode.topology_file))
+    switches, nodes = (SourceStage(pipeline.config, pipeline.topology, pipeline.facts, "telemetry", p, 2)
+                       for p in (0, 1))
     flat = [s for tick in episode.ticks for s in tick]
     opened = set()
-    for snap in [s for s in flat if s.source_kind == pb.SOURCE_KIND_SWITCH] + \
-                [s for s in flat if s.source_kind == pb.SOURCE_KIND_NODE]:
-        # as the worker: stage 1's records cross the pause-states topic as JSON, and the
-        # cluster timer runs on the wall clock meanwhile
-        for record in pipeline.observe(snap).pause_changes:
-            found = pipeline.locate(pause_change_from_json(pause_change_to_json(record)))
-            opened |= {f.dedup_key for f in found if f.state == "open"}
-        opened |= {f.dedup_key for f in pipeline.tick_cluster(time.time_ns()) if f.state == "open"}
+    for stage, snaps in ((switches, [s for s in flat if s.source_kind == pb.SOURCE_KIND_SWITCH]),
+                         (nodes, [s for s in flat if s.source_kind == pb.SOURCE_KIND_NODE])):
+        for snap in snaps:
+            # as the worker: stage 1's records cross the pause-states topic as JSON, and the
+            # cluster timer runs on the wall clock meanwhile
+            for record in stage.observe(snapshot_batch(snap)).pause_records:
+                found = pipeline.locate(pause_change_from_json(pause_change_to_json(record)))
+                opened |= {f.dedup_key for f in found if f.state == "open"}
+            opened |= {f.dedup_key for f in pipeline.tick_cluster(time.time_ns()) if f.state == "open"}
     assert opened == {episode.key("pfc_storm")}
 
 
@@ -735,7 +707,7 @@ async def test_gateway_replaces_a_producer_wedged_by_a_broker_restart(broker):
     source = f"node-wedged-{uuid.uuid4().hex[:6]}"
 
     def record(seq: int):
-        return [(topics.TELEMETRY, source.encode(), small_snapshot(source, seq).SerializeToString())]
+        return [(topics.TELEMETRY, source.encode(), telemetry_value(small_snapshot(source, seq)))]
 
     async def wedged_send(*args, **kwargs):
         raise OutOfOrderSequenceNumber()

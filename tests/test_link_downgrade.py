@@ -85,4 +85,4 @@ def test_duplicate_snapshot_is_skipped():
     s = nic_snapshot(t_ns=T0, rates={0: "200 Gb/sec (4X HDR)"})
     assert len(p.process(s)) == 1
     assert p.process(s) == []
-    assert p.stats["duplicate_or_late_snapshots"] == 1
+    assert p.counters()["duplicate_or_late_snapshots"] == 1

@@ -59,7 +59,13 @@ async def test_ensure_topics_creates_project_topics(kafka_bootstrap: str) -> Non
         topics.ANOMALIES: 6,
         topics.ACTIONS: 6,
         topics.AUDIT: 6,
+        topics.FACTS: 12,
+        topics.STATE: 12,
     }
+    configs = await _topic_configs(kafka_bootstrap, topics.FACTS, ["cleanup.policy", "segment.ms"])
+    assert configs == {"cleanup.policy": "compact", "segment.ms": str(10 * 60_000)}
+    configs = await _topic_configs(kafka_bootstrap, topics.STATE, ["cleanup.policy", "retention.ms"])
+    assert configs == {"cleanup.policy": "compact,delete", "retention.ms": str(3600 * 1000)}
     configs = await _topic_configs(kafka_bootstrap, topics.ANOMALIES, ["retention.ms", "cleanup.policy"])
     assert configs == {"retention.ms": str(7 * 24 * 3600 * 1000), "cleanup.policy": "delete"}
     configs = await _topic_configs(kafka_bootstrap, topics.TELEMETRY, ["retention.ms"])

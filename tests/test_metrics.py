@@ -198,8 +198,8 @@ def test_pipeline_counts_stages_anomalies_and_keeps_the_open_book(registry, capl
 
 def test_open_anomalies_gauge_follows_the_book_and_goes_to_zero(registry):
     pipeline = SimpleNamespace(open_anomalies={"a": ("pfc_storm", "critical"), "b": ("pfc_storm", "critical"),
-                                               "c": ("straggler", "info")})
-    exporter = WorkerMetrics(SimpleNamespace(), SimpleNamespace(stats=Counter()), pipeline)
+                                               "c": ("straggler", "info")}, checkpointed_at_s=float("nan"))
+    exporter = WorkerMetrics(SimpleNamespace(), SimpleNamespace(stats=Counter()), pipeline, None, 500)
 
     def gauge(kind, severity):
         return value(registry, "fabricwatch_worker_open_anomalies", kind=kind, severity=severity)
@@ -516,7 +516,8 @@ async def test_worker_exports_consumption_lag_anomalies_and_checkpoint_age(kafka
                 lags = {lbls: v for (n, lbls), v in samples.items()
                         if n == "fabricwatch_worker_consumer_lag_messages"
                         and ("topic", topics.TELEMETRY) in lbls}
-                ok = (_sum(samples, "fabricwatch_worker_records_consumed_total", topic=topics.TELEMETRY) >= 6
+                # the sender's one batch is one record per node
+                ok = (_sum(samples, "fabricwatch_worker_records_consumed_total", topic=topics.TELEMETRY) >= 1
                       and _sum(samples, "fabricwatch_worker_open_anomalies", kind="link_downgrade") >= 1
                       and lags and sum(lags.values()) == 0)
                 return samples if ok else None
@@ -528,7 +529,7 @@ async def test_worker_exports_consumption_lag_anomalies_and_checkpoint_age(kafka
     lag_partitions = {dict(lbls)["partition"] for (n, lbls) in samples
                       if n == "fabricwatch_worker_consumer_lag_messages" and ("topic", topics.TELEMETRY) in lbls}
     assert lag_partitions == {str(p) for p in range(topics.SPECS[topics.TELEMETRY].partitions)}   # one worker: all
-    assert _sum(samples, "fabricwatch_detector_processing_seconds_count", stage="telemetry") >= 6
+    assert _sum(samples, "fabricwatch_detector_processing_seconds_count", stage="telemetry") >= 1
     assert _sum(samples, "fabricwatch_worker_anomalies_emitted_total", kind="link_downgrade", lifecycle="open") >= 1
     assert 0 <= _sum(samples, "fabricwatch_worker_checkpoint_age_seconds") < 30
     assert not [n for (n, _) in samples if n.startswith("fabricwatch_gateway_")]

@@ -89,6 +89,28 @@ async def test_downgrade_flows_through_the_whole_pipeline(kafka_bootstrap, tmp_p
         worker.wait(30)
 
 
+async def state_manifests(bootstrap: str, app_id: str) -> set[str]:
+    """Keys of the checkpoint manifests a worker group wrote on the state topic."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topics.STATE, p) for p in await topics.partitions_of(bootstrap, topics.STATE)]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        keys = set()
+        async def behind() -> bool:
+            return any([await consumer.position(tp) < end for tp, end in ends.items()])
+
+        while await behind():
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                keys |= {r.key.decode() for r in records if r.key and r.key.endswith(b"/manifest")}
+        return {k for k in keys if k.startswith(app_id + "/")}
+    finally:
+        await consumer.stop()
+
+
 async def test_worker_restart_keeps_open_anomalies(kafka_bootstrap, tmp_path, unused_tcp_port):
     """An anomaly opened before a worker restart is resolved after it, and not opened twice."""
     app_id = f"fw-restart-{uuid.uuid4().hex[:8]}"
@@ -109,7 +131,8 @@ async def test_worker_restart_keeps_open_anomalies(kafka_bootstrap, tmp_path, un
             await collect_anomalies(kafka_bootstrap, opened, 90, group=f"r1-{app_id}")
             worker.terminate()                       # graceful: final checkpoint
             assert worker.wait(60) == 0
-            assert (state / f"{app_id}.checkpoint").exists()
+            manifests = await state_manifests(kafka_bootstrap, app_id)
+            assert any(k.startswith(f"{app_id}/sources/{topics.TELEMETRY}/") for k in manifests), manifests
             worker = start_worker(kafka_bootstrap, tmp_path, app_id, "--state-dir", str(state))
             for i in range(4, 6):                    # the link is back
                 sender.submit(nic_snapshot(source=node, t_ns=t0 + i * S, seq=i, cluster=""))

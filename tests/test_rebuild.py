@@ -1,25 +1,31 @@
-"""State rebuild on a gap (`streams.coverage`, `streams.rebuild`), driven without Kafka.
+"""State rebuild on a gap (`streams.coverage`, `streams.rebuild`, `streams.partitions`), driven without Kafka.
 
-The history here is a list of (offset, timestamp, bytes) standing in for a partition; the
-rebuild itself, the coverage decisions and the pipeline are the real ones. The same path
-on a real broker with real worker processes is `tests/test_faults.py` (kill -9, takeover).
+The history here is a list of (offset, timestamp, bytes) standing in for a telemetry
+partition; the rebuild itself, the coverage decisions, the partition states and the stage
+handlers are the real ones. The same path on a real broker with real worker processes is
+`tests/test_faults.py` (kill -9, takeover) and `tests/test_scale_out.py`.
 """
 from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from fabricwatch.collectors.faults import PfcStorm
 from fabricwatch.collectors.simulator import ClusterSimulator
+from fabricwatch.models.node_health import HealthBook
+from fabricwatch.models.nominal import NominalRates
 from fabricwatch.models.topology import rail_optimised
+from fabricwatch.protos.v1 import events_pb2 as ev
+from fabricwatch.streams import topics
+from fabricwatch.streams.config import DetectionConfig
 from fabricwatch.streams.coverage import PROCESS, SKIP, Coverage, Gap
-from fabricwatch.streams.handlers import StageHandlers
+from fabricwatch.streams.decode import pack
+from fabricwatch.streams.facts import FactBook
+from fabricwatch.streams.handlers import ANOMALIES, PAUSE_STATES, StageHandlers
 from fabricwatch.streams.history import HistoryStalled
-from fabricwatch.streams.pipeline import DetectionPipeline
-from fabricwatch.streams.rebuild import StateKeeper
+from fabricwatch.streams.partitions import PartitionStates
+from fabricwatch.streams.storm_stage import StormStage
 
-TOPIC = "telemetry"
+TOPIC = topics.TELEMETRY
 
 
 class ListHistory:
@@ -56,83 +62,98 @@ def test_coverage_decisions():
 
 
 def storm_partition():
-    """One partition holding a storm episode, 0.1 s per tick, record timestamps = event time."""
+    """One telemetry partition holding a storm episode: one record per source per 0.1 s tick."""
     topo = rail_optimised("c1", n_nodes=8, nodes_per_unit=8, n_spines=2)
     sim = ClusterSimulator(topo, seed=3, interval_s=0.1,
                            faults=[PfcStorm(sources=(("node-0003", "mlx5_2/1"),), onset_s=2.0, offset_s=4.0)])
     snaps = [s for _ in range(60) for s in sim.tick()]
-    return topo, [(s.time_unix_ns // 1_000_000, s.SerializeToString()) for s in snaps]
+    return topo, [(s.time_unix_ns // 1_000_000, pack([s]).SerializeToString()) for s in snaps]
 
 
-def storm_states(handlers: StageHandlers, values: list[bytes]) -> list[str]:
-    out = []
-    for raw in values:
-        anomalies, changes = handlers.on_snapshot(raw)
-        for change in changes:
-            out += [e.value for e in handlers.on_pause_state(change.value)]
-        out += [a.value for a in anomalies]
-    return out
+class World:
+    """A worker's stage-1 partition states plus the storm stage they feed (owned elsewhere)."""
 
+    def __init__(self, topo, history, lookback_s: float, storms: StormStage | None = None) -> None:
+        self.facts = FactBook(topo, NominalRates(topo), HealthBook(topology=topo))
+        self.handlers = StageHandlers()
+        self.states = PartitionStates(DetectionConfig(), topo, self.facts, None, history, {TOPIC: lookback_s},
+                                      telemetry_partitions=1)      # the only partition: nothing else to wait for
+        self.storms = storms or StormStage(DetectionConfig(), topo, self.facts)
+        self.pause_records: list[bytes] = []
 
-async def takeover(topo, records, taken_at: int, lookback_s: float, history=None):
-    """A worker with no state for the partition gets it at offset `taken_at`: what does it emit after?"""
-    handlers = StageHandlers(DetectionPipeline(topology=topo))
-    history = history or ListHistory(records)
-    keeper = StateKeeper(Coverage(), history, {TOPIC: lookback_s})
+    def onsets(self) -> int:
+        return sum(b'"active":true' in r for r in self.pause_records)
 
-    def both_stages(raw: bytes) -> None:
-        _, changes = handlers.on_snapshot(raw)
-        for change in changes:
-            handlers.on_pause_state(change.value)
+    def fold(self, stage, raw):
+        return self.handlers.on_telemetry(raw, stage, 0, None, True)
 
-    fold = handlers.rebuild_with(both_stages)
-    emitted = []
-    for offset in range(taken_at, len(records)):
-        ts, raw = records[offset]
-        if await keeper.admit(TOPIC, 0, offset, ts / 1000, fold):
-            emitted += storm_states(handlers, [raw])
-            keeper.folded(TOPIC, 0, offset)
-    return emitted, keeper, history, handlers
+    async def feed(self, offset: int, ts_ms: int, raw: bytes) -> list[bytes] | None:
+        """One live record: the anomaly values it (and the storm stage after it) produced; None: skipped."""
+        stage = await self.states.admit(TOPIC, 0, offset, ts_ms / 1000, self.fold)
+        if stage is None:
+            return None
+        out = []
+        for r in self.handlers.on_telemetry(raw, stage, 0, ts_ms):
+            if r.topic == ANOMALIES:
+                out.append(r.value)
+            elif r.topic == PAUSE_STATES:
+                self.pause_records.append(r.value)
+                out += [a.value for a in self.handlers.on_pause_state(r.value, self.storms, ts_ms)]
+        self.states.folded(TOPIC, 0, offset)
+        return out
 
 
 def lifecycles(values: list[bytes]) -> list[tuple[str, int, str]]:
-    from fabricwatch.protos.v1 import events_pb2 as ev
-
     events = [ev.AnomalyEvent.FromString(v) for v in values]
     return [(e.dedup_key, e.lifecycle, e.id) for e in events if e.kind == "pfc_storm"]
 
 
-async def test_a_worker_taking_over_mid_storm_resolves_it_under_the_same_ids_and_never_reopens():
-    from fabricwatch.protos.v1 import events_pb2 as ev
+async def run(world: World, records, start: int = 0, end: int | None = None) -> list[bytes]:
+    out = []
+    for offset in range(start, len(records) if end is None else end):
+        out += await world.feed(offset, *records[offset]) or []
+    return out
 
+
+async def test_a_worker_taking_over_mid_storm_resolves_it_under_the_same_ids_and_never_reopens():
     topo, records = storm_partition()
-    oracle = lifecycles(storm_states(StageHandlers(DetectionPipeline(topology=topo)), [r for _, r in records]))
+    oracle_world = World(topo, ListHistory(records), 30)
+    oracle = lifecycles(await run(oracle_world, records))
     opened = [e for e in oracle if e[1] == ev.LIFECYCLE_OPEN]
-    assert opened and [e for e in oracle if e[1] == ev.LIFECYCLE_RESOLVED]
+    resolved = [e for e in oracle if e[1] == ev.LIFECYCLE_RESOLVED]
+    assert opened and resolved
     taken_at = len(records) // 2                         # 3.0 s: the storm is open
 
-    emitted, keeper, history, _ = await takeover(topo, records, taken_at, lookback_s=30)
-    after = lifecycles(emitted)
+    # the storm stage's owner lives on; the telemetry partition moves to a worker with no state for it
+    first = World(topo, ListHistory(records), 30)
+    before = lifecycles(await run(first, records, 0, taken_at))
+    assert [e for e in before if e[1] == ev.LIFECYCLE_OPEN] == opened
+    history = ListHistory(records)
+    second = World(topo, history, 30, storms=first.storms)
+    after = lifecycles(await run(second, records, taken_at))
     assert not [e for e in after if e[1] == ev.LIFECYCLE_OPEN]               # no second OPEN
-    resolved = [e for e in oracle if e[1] == ev.LIFECYCLE_RESOLVED]
     assert [e for e in after if e[1] == ev.LIFECYCLE_RESOLVED] == resolved    # same id as uninterrupted
-    assert history.reads == [(0, taken_at)] and keeper.stats["rebuilt_records"] == taken_at
+    assert history.reads == [(0, taken_at)] and second.states.keeper.stats["rebuilt_records"] == taken_at
+    assert second.onsets() == 0                            # the rebuilt watchdog knew its ports were held
 
-    # without the rebuild (lookback 0) the new owner pages a second time, under a new id
-    emitted, _, history, _ = await takeover(topo, records, taken_at, lookback_s=0)
-    reopened = [e for e in lifecycles(emitted) if e[1] == ev.LIFECYCLE_OPEN]
-    assert reopened and reopened[0][2] not in {e[2] for e in opened} and history.reads == []
+    # without the rebuild (lookback 0) the new owner's watchdog confirms the storm's onsets again
+    third = World(topo, ListHistory(records), 0, storms=first.storms)
+    await run(third, records, taken_at)
+    assert third.onsets() > 0
 
 
 async def test_lookback_bounds_the_rebuild_and_a_failing_history_still_lets_detection_go_on():
     topo, records = storm_partition()
     taken_at = len(records) // 2
-    _, keeper, history, _ = await takeover(topo, records, taken_at, lookback_s=1.0)
+    history = ListHistory(records)
+    await run(World(topo, history, 1.0), records, taken_at)
     (start, end), = history.reads
     assert end == taken_at and records[start][0] >= records[taken_at][0] - 1000 > records[start - 1][0]
 
     broken = ListHistory(records, fail_after=10)
-    emitted, keeper, _, _ = await takeover(topo, records, taken_at, lookback_s=30, history=broken)
+    world = World(topo, broken, 30)
+    await run(world, records, taken_at)
+    keeper = world.states.keeper
     assert keeper.stats["rebuild_failures"] == 1 and keeper.stats["rebuilt_records"] == 10
     assert keeper.rebuilding == 0 and keeper.coverage.offsets[(TOPIC, 0)] == len(records) - 1
 
@@ -141,19 +162,18 @@ async def test_restart_from_a_checkpoint_behind_the_commit_fills_the_gap_and_ski
     """Checkpoint at offset 100, Kafka committed 140: 101..139 are folded in (suppressed), a
     redelivery of 90 is skipped, and live processing goes on at 140."""
     topo, records = storm_partition()
-    handlers = StageHandlers(DetectionPipeline(topology=topo))
-    for _, raw in records[:101]:
-        storm_states(handlers, [raw])
     history = ListHistory(records)
-    keeper = StateKeeper(Coverage({(TOPIC, 0): 100}), history, {TOPIC: 600})
-    folded = []
-    assert await keeper.admit(TOPIC, 0, 140, records[140][0] / 1000, folded.append)
-    assert history.reads == [(101, 140)] and len(folded) == 39
-    assert not await keeper.admit(TOPIC, 0, 90, records[90][0] / 1000, folded.append)
-    assert keeper.stats["covered_records_skipped"] == 1
+    world = World(topo, history, 600)
+    await run(world, records, 0, 101)
+    history.reads.clear()
+    world.states.coverage.on_assignment()                # as after a restart from that checkpoint
+    assert await world.feed(140, *records[140]) is not None
+    assert history.reads == [(101, 140)] and world.states.keeper.stats["rebuilt_records"] == 39
+    assert await world.feed(90, *records[90]) is None
+    assert world.states.keeper.stats["covered_records_skipped"] == 1
 
 
-async def test_a_rebuild_moves_the_open_book_but_counts_and_logs_nothing(caplog):
+async def test_a_rebuild_moves_the_state_but_sends_counts_and_logs_nothing(caplog):
     from fabricwatch import metrics
 
     topo, records = storm_partition()
@@ -161,27 +181,10 @@ async def test_a_rebuild_moves_the_open_book_but_counts_and_logs_nothing(caplog)
     emitted_before = sum(s.value for m in metrics.WORKER_ANOMALIES_EMITTED.collect() for s in m.samples
                          if s.name.endswith("_total"))
     with caplog.at_level("INFO", logger="fabricwatch.pipeline"):
-        handlers = StageHandlers(DetectionPipeline(topology=topo))
-        keeper = StateKeeper(Coverage(), ListHistory(records), {TOPIC: 30})
-
-        def both_stages(raw):
-            for change in handlers.on_snapshot(raw)[1]:
-                handlers.on_pause_state(change.value)
-
-        await keeper.admit(TOPIC, 0, taken_at, records[taken_at][0] / 1000, handlers.rebuild_with(both_stages))
-    assert [k for k in handlers.pipeline.open_anomalies if k.startswith("pfc_storm:")]    # the storm is open
+        world = World(topo, ListHistory(records), 30)
+        stage = await world.states.admit(TOPIC, 0, taken_at, records[taken_at][0] / 1000, world.fold)
+    assert stage.watchdog.active()                        # the storm's ports are held in the rebuilt state
     assert not [r for r in caplog.records if r.getMessage().startswith("anomaly ")]
     emitted_after = sum(s.value for m in metrics.WORKER_ANOMALIES_EMITTED.collect() for s in m.samples
                         if s.name.endswith("_total"))
-    assert emitted_after == emitted_before and not handlers.pipeline.rebuilding
-
-
-@pytest.mark.parametrize("offsets", [{("t", 0): 3}, {}])
-def test_coverage_survives_a_checkpoint_round_trip(tmp_path, offsets):
-    from fabricwatch.streams import checkpoint
-
-    pipeline = DetectionPipeline()
-    path = tmp_path / "w.checkpoint"
-    checkpoint.write(checkpoint.dumps(pipeline, offsets), path)
-    restored = checkpoint.load(path, DetectionPipeline())
-    assert restored is not None and Coverage(restored.offsets).offsets == offsets
+    assert emitted_after == emitted_before and not stage.accounting.rebuilding

@@ -42,6 +42,6 @@ def test_malformed_lines_are_counted_and_valid_ones_kept(tmp_path):
     r = cli("replay", "--input", str(rec), "--output", str(tmp_path / "out.jsonl"))
     assert r.returncode == 0, r.stderr
     stats = dict(kv.split("=") for kv in r.stderr.strip().splitlines()[-1].split("; ")[1].split())
-    assert int(stats["malformed_lines"]) == 5
+    assert int(stats["malformed_records"]) == 5
     assert int(stats["problem:bad_counter_count"]) == 1
     assert int(stats["snapshots"]) == len(good) + 1    # node-x kept, without its broken block

@@ -4,6 +4,7 @@ dropped from it after the liveness window; stage 1 batches its progress at a bou
 record crosses the pause-states topic as JSON."""
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -18,13 +19,15 @@ from fabricwatch.models.storm_locator import (
     SOURCE_LIVENESS_MS,
     SOURCE_MAX_LAG_MS,
     SWITCH_SOURCE_CONFIDENCE,
-    WATERMARK_BUCKET_MS,
     SourceProgress,
     StormLocator,
-    _LowWatermark,
 )
 from fabricwatch.models.topology import rail_optimised
-from fabricwatch.streams import pipeline as pipeline_module
+from fabricwatch.models.watermark import BUCKET_MS as WATERMARK_BUCKET_MS
+from fabricwatch.models.watermark import LowWatermark as _LowWatermark
+from fabricwatch.streams import source_stage
+from fabricwatch.streams.decode import snapshot_batch
+from fabricwatch.streams.storm_stage import StormStage
 from fabricwatch.streams.codec import RecordError, pause_change_from_json, pause_change_to_json
 from fabricwatch.streams.pipeline import DetectionPipeline
 
@@ -198,14 +201,15 @@ def run_pipeline(seconds, drop=None, interval_s=0.1, faults=()):
     sim = ClusterSimulator(topo, seed=5, interval_s=interval_s, jobs=jobs, faults=list(faults), rank_steps=False)
     pipeline = DetectionPipeline(topology=topo)
     findings, records, max_lag_ns = [], [], 0
-    process_observe = pipeline.observe
+    observe_many = pipeline.sources.observe_many
 
-    def observe(snap):                                    # keep what stage 1 emits, in order
-        out = process_observe(snap)
-        records.extend(out.pause_changes)
-        return out
+    def observe(batches):                                 # keep what stage 1 emits, in order
+        outs = observe_many(batches)
+        for out in outs:
+            records.extend(out.pause_records)
+        return outs
 
-    pipeline.observe = observe
+    pipeline.sources.observe_many = observe
     for _ in range(int(round(seconds / interval_s))):
         snaps = sim.tick()
         tick_ns = sim.now_unix_ns
@@ -239,34 +243,92 @@ def test_pipeline_node_silent_mid_storm_gets_its_silent_source_root_after_grace_
     assert "node-0003 mlx5_1/1" in f.summary
 
 
-def test_stage_1_batches_progress_per_source_in_order_at_a_bounded_rate(monkeypatch):
-    """Sampling (50 ms) faster than the progress interval (here 120 ms): the cluster's first
-    sample is sent at once; afterwards a source's entries are at least the interval apart
-    (not one per sample) and never much further; records are split at
-    MAX_SOURCES_PER_PROGRESS; per source, changes and progress come in event-time order."""
+def test_stage_1_sends_its_partitions_progress_in_order_at_a_bounded_rate(monkeypatch):
+    """Sampling (50 ms) faster than the progress interval (here 120 ms): the partition's first
+    record is sent at once; afterwards its entries are at least the interval apart (not one
+    per sample) and never much further; each names the partition and the partitions to wait
+    for; per source, changes come in event-time order, and before the progress that covers them."""
     interval_ms = 120
-    monkeypatch.setattr(pipeline_module, "_PROGRESS_INTERVAL_NS", interval_ms * MS)
-    monkeypatch.setattr(pipeline_module, "MAX_SOURCES_PER_PROGRESS", 5)
+    monkeypatch.setattr(source_stage, "_PROGRESS_INTERVAL_NS", interval_ms * MS)
     storm = PfcStorm(sources=(("node-0003", "mlx5_1/1"),), onset_s=0.5, offset_s=1.5)
     _, _, _, records = run_pipeline(2.0, interval_s=0.05, faults=[storm])
     progress_records = [r for r in records if isinstance(r, SourceProgress)]
-    assert progress_records[0].through_ns_by_source and len(progress_records[0].through_ns_by_source) == 1
-    assert all(1 <= len(r.through_ns_by_source) <= 5 for r in progress_records)
-    entries: dict[str, list[int]] = {}
-    timeline: dict[str, list[int]] = {}
-    for r in records:
-        if isinstance(r, SourceProgress):
-            for source, t in r.through_ns_by_source.items():
-                entries.setdefault(source, []).append(t)
-                timeline.setdefault(source, []).append(t)
-        else:
-            timeline.setdefault(r.entity.switch or r.entity.node, []).append(r.at_ns)
-    assert any(not isinstance(r, SourceProgress) for r in records)            # the storm's changes
-    assert all(ts == sorted(ts) for ts in timeline.values())
-    assert len(entries) == 14                                                 # 8 nodes, 4 leaves, 2 spines
-    gaps_ms = [(b - a) / MS for ts in entries.values() for a, b in zip(ts, ts[1:])]
+    assert {tuple(r.through_ns_by_source) for r in progress_records} == {("replay/0",)}
+    assert all(r.expect == ("replay/0",) for r in progress_records)
+    through = [r.through_ns_by_source["replay/0"] for r in progress_records]
+    gaps_ms = [(b - a) / MS for a, b in zip(through, through[1:])]
     assert min(gaps_ms) >= interval_ms and max(gaps_ms) <= interval_ms + 2 * 50
-    assert all(len(ts) <= 2_000 / interval_ms + 1 for ts in entries.values())
+    assert len(through) <= 2_000 / interval_ms + 1
+    changes = [r for r in records if not isinstance(r, SourceProgress)]
+    assert changes                                                            # the storm's changes
+    by_source: dict[str, list[int]] = {}
+    for r in changes:
+        by_source.setdefault(r.entity.switch or r.entity.node, []).append(r.at_ns)
+    assert all(ts == sorted(ts) for ts in by_source.values())
+    for i, r in enumerate(records):                   # no change is older than progress sent before it
+        if not isinstance(r, SourceProgress):
+            sent = [p.through_ns_by_source["replay/0"] for p in records[:i] if isinstance(p, SourceProgress)]
+            assert not sent or r.at_ns > max(sent) - SOURCE_LIVENESS_MS * MS
+
+
+# ----------------------------------------------------------------------- partitions drained unevenly
+def stage_1_by_partition(partitions=3, seconds=4.0):
+    """A storm cluster's telemetry through one stage 1 per partition (sources by hash, as Kafka
+    keys them): per partition, the records it sends to stage 2, in its order."""
+    topo = rail_optimised("sim", n_nodes=8, gpus_per_node=2, nodes_per_unit=4, n_spines=2)
+    jobs = [Job("job-a", ("node-0001", "node-0002", "node-0003", "node-0004"))]
+    storm = PfcStorm(sources=(("node-0003", "mlx5_1/1"),), onset_s=1.0, offset_s=3.0)
+    sim = ClusterSimulator(topo, seed=5, interval_s=0.1, jobs=jobs, faults=[storm], rank_steps=False)
+    pipeline = DetectionPipeline(topology=topo)
+    stages = [source_stage.SourceStage(pipeline.config, topo, pipeline.facts, "t", p, partitions)
+              for p in range(partitions)]
+    sent: list[list] = [[] for _ in range(partitions)]
+    for tick in sim.run(seconds):
+        for snap in sorted(tick, key=lambda s: s.source):
+            p = sum(snap.source.encode()) % partitions
+            sent[p] += stages[p].observe(snapshot_batch(snap)).pause_records
+    return topo, pipeline.facts, sent
+
+
+def storm_answers(findings):
+    return sorted((f.entity.path(), f.state, tuple(sorted(r.path() for r in f.related))) for f in findings)
+
+
+def test_a_partition_drained_far_ahead_of_the_others_does_not_move_the_storm_clock():
+    """A backlog: stage 2 reads one partition's records whole before the others' (the worker
+    that holds them is slow, or started late). The clock runs on the partitions' watermark,
+    so the storm is judged as when the partitions are read side by side: same source,
+    same victims, no victim named a root."""
+    topo, facts, sent = stage_1_by_partition()
+    config = DetectionPipeline().config
+
+    def judged(order):
+        stage = StormStage(config, topo, facts)
+        return storm_answers([f for r in order for f in stage.locate(r)])
+
+    side_by_side = judged([r for rs in itertools.zip_longest(*sent) for r in rs if r is not None])
+    assert any(path.endswith("node-0003/mlx5_1/1") for path, _, _ in side_by_side)
+    assert not [p for p, _, _ in side_by_side if "leaf" in p]
+    for first in range(len(sent)):                   # each partition in turn read whole first
+        order = sent[first] + [r for i, rs in enumerate(sent) if i != first for r in rs]
+        assert judged(order) == side_by_side, first
+
+
+def test_an_idle_partition_is_not_waited_for_and_one_never_heard_is():
+    topo, facts, sent = stage_1_by_partition()
+    stage = StormStage(DetectionPipeline().config, topo, facts)
+    for r in sent[0]:
+        stage.locate(r)
+    held = stage.watermark_ns
+    assert held is not None and held < max(r.through_ns_by_source["t/0"] for r in sent[0]
+                                           if isinstance(r, SourceProgress))     # 1 and 2 not read yet
+    _, idle_1 = source_stage.partition_idle("t", 1, 3)
+    _, idle_2 = source_stage.partition_idle("t", 2, 3)
+    stage.locate(idle_1)
+    assert stage.watermark_ns == held                # 2 still to be read
+    stage.locate(idle_2)
+    assert stage.watermark_ns > held                 # only 0 is waited for now
+    assert pause_change_from_json(pause_change_to_json(idle_2)) == idle_2
 
 
 # ----------------------------------------------------------------------- the wire and old state

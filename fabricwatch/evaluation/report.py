@@ -101,7 +101,7 @@ def run_scenario(sc: Scenario, detectors: tuple[str, ...] = DETECTORS) -> Scenar
         n_snap += len(snaps)
         if FABRICWATCH in detectors:
             t0 = time.perf_counter()
-            result = replay(snaps, pipeline)
+            result = replay(snaps, pipeline, finish=left == 0)
             seconds[FABRICWATCH] += time.perf_counter() - t0
             keep(FABRICWATCH, result.events)
             stats.update({k_: v for k_, v in result.stats.items() if k_.startswith("problem:")})
@@ -141,7 +141,7 @@ def run_scenario(sc: Scenario, detectors: tuple[str, ...] = DETECTORS) -> Scenar
             seconds[HST] += t_hst + (t_dec / 2 if static is not None else t_dec)
         del snaps, ordered
     seconds["total"] = time.perf_counter() - t_start
-    stats.update({f"pipeline:{k_}": v for k_, v in pipeline.stats.items()})
+    stats.update({f"pipeline:{k_}": v for k_, v in pipeline.counters().items()})
     return ScenarioRun(sc, sim.ground_truth(), dets, life, dict(steps), sim.now_unix_ns, n_snap, dict(seconds), stats,
                        hst.score_hist if hst is not None else None)
 

@@ -1,0 +1,166 @@
+"""Stage 3: straggling ranks, per job, joined on event time with the health of their nodes.
+
+A `StragglerStage` holds the `models.straggler.StragglerDetector` state of the jobs of one
+rank-steps partition (the topic is keyed by job). A rank's step report explains itself
+only next to its node's telemetry (throttled GPU? downgraded NIC? paused port?), which
+stage 1 turns into health digests on the facts topic, from every telemetry partition. So
+reports are **held** until the facts' low watermark (every live telemetry partition
+processed through the step's end plus the health lookahead) has passed them, and released
+in event-time order: a worker draining a backlog, reading rank steps minutes ahead of the
+telemetry that explains them, gives the answers a live one gives, and so does any number of
+workers. Answers read the health *as of* the window's end (`models.node_health`).
+
+Where no telemetry exists at all (a deployment with rank reports only), nothing is held
+once the facts have been read to their end. Where the facts' watermark has not moved for
+`STALLED_S` of wall time while reports are held (telemetry stopped, or what is on the
+facts topic is another run's), they are released with what is known. Nothing is released
+on the rank steps' own event time: a backlog's rank steps are read minutes ahead of the
+telemetry (a few small records per job against hundreds per node), and that is exactly
+when they must wait. Memory bounds the hold instead (`MAX_HELD_RECORDS`).
+
+The nodes each job reported from are published as `JobPlacement` facts (the storm locator
+names the jobs on a storm's victims with them).
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from collections import Counter
+
+from fabricwatch.models.findings import Finding
+from fabricwatch.models.frames import RankStep
+from fabricwatch.models.node_health import LOOKAHEAD_S
+from fabricwatch.models.straggler import StragglerDetector
+
+from .accounting import Accounting
+from .config import DetectionConfig
+from .facts import FactBook, JobPlacement
+
+# The facts' watermark did not move for this long on the wall clock while reports were
+# held (longer than a partition takes to be declared idle, or to move in a rebalance):
+# node health is not coming (collectors down, or the facts are another run's): stop waiting.
+STALLED_S = 30.0
+# A report ending this far ahead of this worker's clock is implausible (a clock or a forger:
+# a step dated 2^62 would resolve every straggler): dropped. Not the facts' watermark: a
+# backlog's rank steps are legitimately hours ahead of it.
+MAX_AHEAD_OF_CLOCK_S = 600.0
+# Reports held at most (records); beyond, the oldest are released early and counted.
+MAX_HELD_RECORDS = 200_000
+# A job's placement is republished at least this often while it reports (keeps it from expiring).
+PLACEMENT_REFRESH_NS = 60 * 10**9
+MAX_JOBS = 100_000
+_LOOKAHEAD_NS = int(LOOKAHEAD_S * 1e9)
+
+
+def _end_ns(step: RankStep) -> int:
+    return step.start_ns + int(step.step_seconds * 1e9)
+
+
+class StragglerStage:
+    """The straggler detector of the jobs of one rank-steps partition, behind an event-time hold."""
+
+    def __init__(self, config: DetectionConfig, facts: FactBook) -> None:
+        self.facts = facts
+        self.detector = StragglerDetector(health=facts.health)
+        self.accounting = Accounting("rank_steps", config.max_sample_age_s)
+        self._held: list[tuple[int, int, str, str, list[RankStep], int]] = []   # heap
+        self._seq = 0
+        # (facts watermark, wall clock when it was first seen)
+        self._watermark_seen: tuple[int, float] | None = None
+        self.clock = time.monotonic
+        self.wall_clock_ns = time.time_ns
+        self._placements: dict[tuple[str, str], tuple[frozenset[str], int, int]] = {}  # nodes, last step, sent
+        # False until the worker has read the facts topic to its end once (before, "no
+        # telemetry at all" cannot be told from "not read yet").
+        self.facts_ready = True
+        self.stats: Counter[str] = Counter()
+
+    def rebind(self, facts: FactBook) -> None:
+        self.facts = facts
+        self.detector.health = facts.health
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["facts_ready"] = True
+        del state["clock"], state["wall_clock_ns"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.clock, self.wall_clock_ns = time.monotonic, time.time_ns
+        if self._watermark_seen is not None:    # the wall clock of another process: wait from now
+            self._watermark_seen = (self._watermark_seen[0], self.clock())
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    def add(self, steps: list[RankStep], cluster: str, received_ns: int = 0) -> tuple[list[Finding], list[JobPlacement]]:
+        """Hold one record of rank steps (one job's); release what the watermark allows."""
+        if steps:
+            latest_ns = self.wall_clock_ns() + int(MAX_AHEAD_OF_CLOCK_S * 1e9)
+            plausible = [s for s in steps if _end_ns(s) <= latest_ns]
+            if len(plausible) != len(steps):
+                self.stats["implausible_rank_steps"] += len(steps) - len(plausible)
+            steps = plausible
+        if steps:
+            end = max(_end_ns(s) for s in steps)
+            self._seq += 1
+            heapq.heappush(self._held, (end, self._seq, cluster, steps[0].job_id, steps, received_ns))
+            self.stats["held_records"] += 1
+        if self.accounting.rebuilding:
+            # Refolding history after a move: what the previous owner had released depends on
+            # its facts then, not on these records, so nothing is released (and suppressed)
+            # now; the next release emits, again, what it had emitted (same event ids).
+            return [], []
+        return self.release()
+
+    def release(self, everything: bool = False) -> tuple[list[Finding], list[JobPlacement]]:
+        """Feed the detector every held report the watermark has passed (or ``everything``), oldest first."""
+        findings: list[Finding] = []
+        placements: list[JobPlacement] = []
+        wm, now_s = self.facts.watermark_ns, self.clock()
+        if self._watermark_seen is None or wm != self._watermark_seen[0]:
+            self._watermark_seen = (wm, now_s)
+        stalled = bool(self._held) and now_s - self._watermark_seen[1] > STALLED_S
+        free = everything or (self.facts_ready and (not self.facts.heard_progress or stalled))
+        if free and stalled and not everything and self._held:
+            self.stats["released_health_stalled"] += len(self._held)
+        while self._held:
+            end, _, cluster, job, steps, received_ns = self._held[0]
+            if not (free or end + _LOOKAHEAD_NS <= wm or len(self._held) > MAX_HELD_RECORDS):
+                break
+            heapq.heappop(self._held)
+            if not free and end + _LOOKAHEAD_NS > wm:
+                self.stats["released_before_health"] += 1     # held too long, or too many held
+            started = time.perf_counter()
+            found: list[Finding] = []
+            for step in sorted(steps, key=lambda s: (s.step, s.rank)):
+                found += self.detector.add_step(step, cluster=cluster)
+            findings += self.accounting.settle(found, job, received_ns, started)
+            placement = self._place(cluster, job, steps)
+            if placement is not None:
+                placements.append(placement)
+        return findings, placements
+
+    def _place(self, cluster: str, job: str, steps: list[RankStep]) -> JobPlacement | None:
+        key = (cluster, job)
+        nodes, last_ns, sent_ns = self._placements.get(key, (frozenset(), 0, 0))
+        new_nodes = nodes | {s.node for s in steps}
+        last_ns = max(last_ns, max(s.start_ns for s in steps))
+        if key not in self._placements and len(self._placements) >= MAX_JOBS:
+            self.stats["jobs_refused"] += 1
+            return None
+        due = new_nodes != nodes or last_ns - sent_ns >= PLACEMENT_REFRESH_NS
+        self._placements[key] = (new_nodes, last_ns, last_ns if due else sent_ns)
+        if not due:
+            return None
+        return JobPlacement(cluster, job, tuple(sorted(new_nodes)), last_ns)
+
+    def flush(self) -> tuple[list[Finding], list[JobPlacement]]:
+        """Release everything held (the end of a replay)."""
+        return self.release(everything=True)
+
+    @property
+    def open_anomalies(self) -> dict[str, tuple[str, str]]:
+        return self.accounting.open_anomalies
