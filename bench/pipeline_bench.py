@@ -4,8 +4,9 @@
 
 Phases, all in one run on one broker (a fresh local one unless --broker):
 
-1. reference: the same serialized node snapshots produced straight to a topic, then
-   consumed by a bare aiokafka consumer (no decoding): the physical ceiling of this machine.
+1. reference: the same records produced straight to a topic, then consumed by a bare
+   aiokafka consumer (no decoding), re-read until 5 CPU-seconds are measured
+   (`kafka_bench.py`): the physical ceiling of this machine, per CPU-second.
 2. worker: the snapshots pre-loaded into the telemetry topic, then a `fabricwatch worker`
    process (Faust, decode, rates, all detectors) drains them; throughput from its
    committed offsets. Ratio worker / raw is the cost of everything we add.
@@ -42,6 +43,8 @@ from fabricwatch.machine import cpu_model, usable_cpus
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.streams import topics
+from fabricwatch.streams.decode import pack
+from kafka_bench import broker, reference_rate
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -71,26 +74,11 @@ async def produce(bootstrap: str, topic: str, snaps: list[pb.Snapshot]) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=1 << 20)
     await producer.start()
     try:
-        futures = [await producer.send(topic, s.SerializeToString(), key=s.source.encode()) for s in snaps]
+        # as the gateway writes them: one `SourceRecord` per collector batch (here one tick)
+        futures = [await producer.send(topic, pack([s]).SerializeToString(), key=s.source.encode()) for s in snaps]
         await asyncio.gather(*futures)
     finally:
         await producer.stop()
-
-
-async def raw_consume_rate(bootstrap: str, topic: str, n: int) -> float:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
-                                max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
-    await consumer.start()
-    try:
-        # join and resolve offsets outside the timing; whatever that first call got is not timed
-        first = sum(len(r) for r in (await consumer.getmany(timeout_ms=0)).values())
-        got, t0 = first, time.perf_counter()
-        while got < n:
-            batches = await consumer.getmany(timeout_ms=1000, max_records=10_000)
-            got += sum(len(r) for r in batches.values())
-        return (n - first) / (time.perf_counter() - t0)
-    finally:
-        await consumer.stop()
 
 
 def spawn(*argv: str, log: Path, env: dict | None = None) -> subprocess.Popen:
@@ -250,42 +238,33 @@ def pct(values: list[float], q: float) -> float:
 
 async def main(args) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="fw-bench-"))
-    kafka = None
-    if args.broker:
-        bootstrap = args.broker
-    else:
-        from fabricwatch.localkafka import LocalKafka
-
-        kafka = LocalKafka(port=args.kafka_port, state_dir=workdir)
-        bootstrap = kafka.start()
-    listen = f"127.0.0.1:{free_port()}"
-    gateway = spawn("gateway", "--broker", bootstrap, "--listen", listen, log=workdir / "gateway.log")
-    try:
-        print(f"generating {args.nodes} nodes x {args.ticks} ticks ...", file=sys.stderr)
-        snaps = generate(args.nodes, args.ticks)
-        n = len(snaps)
-        values = statistics.mean(values_in(s) for s in snaps)
-        size = statistics.mean(len(s.SerializeToString()) for s in snaps)
-        raw, work, gw = [], [], []
-        await topics.ensure_topics(bootstrap, topics.ALL_TOPICS)
-        for r in range(0 if args.latency_only else args.repeats):
-            topic = f"bench.raw.{uuid.uuid4().hex[:6]}"
-            await topics.ensure_topics(bootstrap, [topics.TopicSpec(topic, partitions=12, retention_ms=3600_000)])
-            await produce(bootstrap, topic, snaps)
-            raw.append(await raw_consume_rate(bootstrap, topic, n))
-            work.append(await worker_rate(bootstrap, snaps, workdir))
-            gw.append(await gateway_rate(listen, snaps))
-            print(f"repeat {r + 1}: raw {raw[-1]:.0f}/s worker {work[-1]:.0f}/s gateway {gw[-1]:.0f}/s",
-                  file=sys.stderr)
-        lat_rate = args.latency_rate or 0.5 * min(statistics.median(work), statistics.median(gw))
-        if args.latency_only:
-            raw, work, gw = [float("nan")], [float("nan")], [float("nan")]
-        lat = await latency(bootstrap, listen, workdir, args.nodes, lat_rate, args.latency_seconds)
-    finally:
-        gateway.terminate()
-        gateway.wait(30)
-        if kafka:
-            kafka.stop()
+    async with broker(args.broker, args.kafka_port, workdir) as bootstrap:
+        listen = f"127.0.0.1:{free_port()}"
+        gateway = spawn("gateway", "--broker", bootstrap, "--listen", listen, log=workdir / "gateway.log")
+        try:
+            print(f"generating {args.nodes} nodes x {args.ticks} ticks ...", file=sys.stderr)
+            snaps = generate(args.nodes, args.ticks)
+            n = len(snaps)
+            values = statistics.mean(values_in(s) for s in snaps)
+            size = statistics.mean(len(s.SerializeToString()) for s in snaps)
+            raw, work, gw = [], [], []
+            await topics.ensure_topics(bootstrap, topics.ALL_TOPICS)
+            for r in range(0 if args.latency_only else args.repeats):
+                topic = f"bench.raw.{uuid.uuid4().hex[:6]}"
+                await topics.ensure_topics(bootstrap, [topics.TopicSpec(topic, partitions=12, retention_ms=3600_000)])
+                await produce(bootstrap, topic, snaps)
+                raw.append(await reference_rate(bootstrap, topic, n))
+                work.append(await worker_rate(bootstrap, snaps, workdir))
+                gw.append(await gateway_rate(listen, snaps))
+                print(f"repeat {r + 1}: raw {raw[-1]:.0f}/s worker {work[-1]:.0f}/s gateway {gw[-1]:.0f}/s",
+                      file=sys.stderr)
+            lat_rate = args.latency_rate or 0.5 * min(statistics.median(work), statistics.median(gw))
+            if args.latency_only:
+                raw, work, gw = [float("nan")], [float("nan")], [float("nan")]
+            lat = await latency(bootstrap, listen, workdir, args.nodes, lat_rate, args.latency_seconds)
+        finally:
+            gateway.terminate()
+            gateway.wait(30)
     med = statistics.median
     report = f"""
 ### Pipeline throughput and latency ({time.strftime('%Y-%m-%d')})
