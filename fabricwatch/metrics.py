@@ -171,6 +171,11 @@ GUARD_TRIPS = _metric("actions", Counter,
 ALERTS_SENT = _metric("actions", Counter,
     "fabricwatch_alerts_sent_total", "Alerts handed to a sink, by sink and result (ok or failed: SendResult.ok).",
     ["sink", "result"])
+ALERTS_DROPPED = _metric("actions", Counter,
+    "fabricwatch_alerts_dropped_total", "Alerts dropped from a sink's full backlog (oldest first), by sink.",
+    ["sink"])
+ALERT_BACKLOG = _metric("actions", Gauge,
+    "fabricwatch_alert_backlog", "Alerts waiting in a sink's queue, by sink.", ["sink"])
 
 for _reason in REJECT_REASONS:
     GATEWAY_REJECTED_RECORDS.labels(_reason)
