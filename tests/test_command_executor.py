@@ -330,3 +330,73 @@ async def test_webhook_already_answer_and_unreachable_receiver(serve):
     result = await ex.execute(request())
     await ex.close()
     assert result.status == FAILED and "ClientConnectorError" in result.detail
+
+
+# ----------------------------------------------------------------------------- #13: the placement check
+PLACEMENT = """\
+import sys
+# the launcher's view: job 4242 runs on gpu-node-7, job 101 on gpu-node-7, nothing else anywhere
+placed = {("4242", "gpu-node-7"), ("101", "gpu-node-7")}
+sys.exit(0 if (sys.argv[1], sys.argv[2]) in placed else 3)
+"""
+
+
+@pytest.fixture
+def placement(tmp_path):
+    script = tmp_path / "placement.py"
+    script.write_text(PLACEMENT)
+    return [sys.executable, str(script), "{job}", "{node}"]
+
+
+async def test_a_job_the_placement_check_does_not_confirm_is_never_restarted(recorder, placement):
+    """#13: forged rank steps got five jobs that never ran on the sender's node restarted."""
+    prog, calls = recorder
+    ex = CommandExecutor([*prog, "--job={job}", "--exclude={node}"], verify_argv=placement,
+                         handles=[EXCLUDE_AND_RESTART, REQUEUE_JOBS])
+    forged = await ex.execute(request(job="5555"))
+    assert forged.status == FAILED and "does not confirm job 5555 on gpu-node-7" in forged.detail
+    assert "exit 3" in forged.detail and calls() == []
+    mixed = await ex.execute(request(REQUEUE_JOBS, job="", jobs=["101", "5555"]))
+    assert mixed.status == FAILED and mixed.affected == ("101",)              # the confirmed one moved
+    assert [c["argv"] for c in calls()] == [["--job=101", "--exclude=gpu-node-7"]]
+    real = await ex.execute(request())
+    assert real.status == DONE and real.affected == ("4242",)
+
+
+async def test_without_a_placement_check_nothing_is_restarted(recorder, serve):
+    prog, calls = recorder
+    result = await CommandExecutor([*prog, "{job}"]).execute(request())
+    assert result.status == FAILED and "no placement check configured" in result.detail and calls() == []
+    receiver = await serve(Receiver())
+    hook = CommandExecutor(webhook_url=receiver.url, webhook_secret=SECRET)
+    try:
+        assert (await hook.execute(request())).status == FAILED and receiver.received == []
+    finally:
+        await hook.close()
+    with pytest.raises(ValueError, match="must name both"):
+        CommandExecutor([*prog, "{job}"], verify_argv=[sys.executable, "check.py", "{job}"])
+
+
+async def test_the_webhook_posts_only_confirmed_jobs(serve, placement):
+    receiver = await serve(Receiver())
+    ex = CommandExecutor(webhook_url=receiver.url, webhook_secret=SECRET, verify_argv=placement,
+                         handles=[REQUEUE_JOBS])
+    try:
+        result = await ex.execute(request(REQUEUE_JOBS, job="", jobs=["5555", "101"]))
+    finally:
+        await ex.close()
+    assert result.status == FAILED and "5555" in result.detail
+    [(body, _)] = receiver.received
+    assert json.loads(body)["jobs"] == ["101"]
+
+
+def test_a_policy_executing_restarts_through_a_command_needs_the_placement_check(monkeypatch):
+    from fabricwatch.actions.policy import PolicyError, parse_policy
+    from fabricwatch.actions.wiring import build
+
+    text = "mode: execute\nexecute: [exclude_and_restart]\nexecutors: {restart: {argv: [/bin/launch, '{job}']}}"
+    with pytest.raises(PolicyError, match=r"executors\.restart\.verify_argv: required"):
+        build(parse_policy(text))
+    ok = build(parse_policy(text.replace("}}", ", verify_argv: [/bin/placed, '{job}', '{node}']}}")))
+    assert ok.executor_domains() == {"exclude_and_restart": "command:/bin/launch"}
+    assert build(parse_policy(text.replace("mode: execute", "mode: shadow")))   # shadow runs nothing
