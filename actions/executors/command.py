@@ -56,6 +56,7 @@ from fabricwatch.actions.base import (
     ActionRequest,
     ExecutionResult,
 )
+from fabricwatch.actions.escape import untrusted
 from fabricwatch.netaddr import is_loopback
 
 PLACEHOLDERS = frozenset({"job", "node", "rank", "reason", "idempotency_key"})
@@ -241,7 +242,7 @@ class CommandExecutor:
         fields = self._fields if fields is None else fields
         values = {"job": job, "node": request.target.node, "rank": request.target.rank,
                   "idempotency_key": request.idempotency_key,
-                  "reason": _CONTROL.sub(" ", request.reason)[:REASON_MAX_CHARS]}
+                  "reason": untrusted(request.reason, REASON_MAX_CHARS)}
         for name in _IDENTIFIER_FIELDS:
             if name not in fields:
                 continue
@@ -335,7 +336,8 @@ class CommandExecutor:
         """The JSON body, canonical (sorted keys, no spaces) so the signature is reproducible."""
         payload = {"action": request.action, "cluster": request.target.cluster, "node": request.target.node,
                    "rank": request.target.rank, "job": request.target.job, "jobs": list(jobs),
-                   "reason": request.reason, "idempotency_key": request.idempotency_key,
+                   "reason": untrusted(request.reason, REASON_MAX_CHARS),
+                   "idempotency_key": request.idempotency_key,
                    "anomaly_id": request.anomaly_id, "anomaly_dedup_key": request.anomaly_dedup_key}
         return json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
 
