@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 
 MAX_CONCURRENT_BATCHES_PER_TOKEN = 8
 MAX_BYTES_IN_FLIGHT_PER_TOKEN = 32 * 1024 * 1024    # two of gRPC's largest messages
+# The event feed's fair share: one token (a rack's collectors, a misbehaving client) cannot
+# hold every subscription slot (`streams.feed`).
+MAX_SUBSCRIPTIONS_PER_TOKEN = 8
 
 
 @dataclass(frozen=True)
