@@ -288,7 +288,16 @@ class IngestService(pb_grpc.IngestServicer):
                     batch = pb.IngestBatch.FromString(batch)
                 except DecodeError:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "not an IngestBatch")
-            return await self.ingest(batch, collector, size)
+            try:
+                return await self.ingest(batch, collector, size)
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the Kafka write failed: not acked, the sender resends
+                # A short UNAVAILABLE instead of grpc's own traceback per failed stream (a line
+                # storm during a broker outage); the cause is logged, rate-limited.
+                _limited_log.warning("batch not acked, to be resent: %s: %s", type(exc).__name__, str(exc)[:300])
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"not written to Kafka ({type(exc).__name__}); "
+                                                                 "resend later")
         finally:
             self.budgets.release(token, size)
 
