@@ -63,7 +63,8 @@ def cmd_gateway(args) -> int:
     tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
     from fabricwatch.streams.admission import TokenLimits
 
-    limits = TokenLimits(args.max_batches_per_token, args.max_bytes_per_token)
+    limits = TokenLimits(args.max_batches_per_token, args.max_bytes_per_token,
+                         max_bytes_in_flight_total=args.max_bytes_in_flight)
     asyncio.run(serve(args.broker, args.listen, tls=tls, client_ca=args.client_ca, auth=auth, cluster=args.cluster,
                       limits=limits))
     return 0
@@ -201,8 +202,8 @@ def _serve_metrics(args) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     # per-token bounds: plain constants, no heavy imports
-    from fabricwatch.streams.admission import (MAX_BYTES_IN_FLIGHT_PER_TOKEN, MAX_CONCURRENT_BATCHES_PER_TOKEN,
-                                               MAX_SUBSCRIPTIONS_PER_TOKEN)
+    from fabricwatch.streams.admission import (MAX_BYTES_IN_FLIGHT_PER_TOKEN, MAX_BYTES_IN_FLIGHT_TOTAL,
+                                               MAX_CONCURRENT_BATCHES_PER_TOKEN, MAX_SUBSCRIPTIONS_PER_TOKEN)
 
     p = argparse.ArgumentParser(prog="fabricwatch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -255,7 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-batches-per-token", type=int, default=MAX_CONCURRENT_BATCHES_PER_TOKEN,
                     help="batches one token may have in validation/writing at once (RESOURCE_EXHAUSTED beyond)")
     sp.add_argument("--max-bytes-per-token", type=int, default=MAX_BYTES_IN_FLIGHT_PER_TOKEN,
-                    help="bytes of batches one token may have in flight at once (RESOURCE_EXHAUSTED beyond)")
+                    help="bytes of batches one token may have in flight at once (RESOURCE_EXHAUSTED beyond; "
+                         "a batch costs ~9x its size in memory while it is written)")
+    sp.add_argument("--max-bytes-in-flight", type=int, default=MAX_BYTES_IN_FLIGHT_TOTAL,
+                    help="bytes of batches all tokens together may have in flight (one token alone always passes)")
     metrics_opts(sp, "gateway")
     sp.set_defaults(func=cmd_gateway)
 

@@ -236,6 +236,12 @@ class IngestService(pb_grpc.IngestServicer):
             await self._refuse(context)   # raises: the RPC ends here
         return collector
 
+    @staticmethod
+    def _budget_key(collector: Collector | None, context) -> str:
+        """Whose budget a call draws on: its token's. Without tokens (a loopback gateway) there
+        is no one to bound apart: only the gateway-wide byte budget applies ("")."""
+        return collector.name if collector is not None else ""
+
     def cluster_of(self, collector: Collector | None) -> str:
         """The cluster every snapshot of this caller is stamped with."""
         return (collector.cluster if collector is not None and collector.cluster else "") or self.cluster
@@ -243,10 +249,12 @@ class IngestService(pb_grpc.IngestServicer):
     # -- RPCs -------------------------------------------------------------------------------
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register Stream and Send taking raw bytes: parsed after auth and admission."""
+        # Send is registered as stream-unary (the wire is the same for a unary client): the
+        # handler runs before the request's bytes are read, so a token's reads are admitted first.
         handlers = {
             "Stream": grpc.stream_stream_rpc_method_handler(
                 self._stream_raw, request_deserializer=None, response_serializer=pb.IngestAck.SerializeToString),
-            "Send": grpc.unary_unary_rpc_method_handler(
+            "Send": grpc.stream_unary_rpc_method_handler(
                 self._send_raw, request_deserializer=None, response_serializer=pb.IngestAck.SerializeToString),
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("fabricwatch.v1.Ingest", handlers),))
@@ -265,23 +273,39 @@ class IngestService(pb_grpc.IngestServicer):
         async for raw in request_iterator:
             yield await self._admitted(raw, len(raw), collector, context)
 
-    async def _send_raw(self, raw: bytes, context) -> pb.IngestAck:
+    async def _send_raw(self, request_iterator: AsyncIterator[bytes], context) -> pb.IngestAck:
         collector = await self._caller(context)
-        return await self._admitted(raw, len(raw), collector, context)
+        token = self._budget_key(collector, context)
+        bound = await self.budgets.acquire_read(token)
+        if bound:
+            await self._over_budget(context, token, bound, 0)
+        reading = True
+
+        def admitted(_token: str) -> None:
+            nonlocal reading
+            reading = False
+            self.budgets.release_read(token)
+
+        try:
+            raw = b""
+            async for raw in request_iterator:      # a unary call: exactly one message
+                break
+            # the read slot is held until the batch is admitted: a message read waits in memory
+            # for room only within the token's max_concurrent_reads
+            return await self._admitted(raw, len(raw), collector, context, admitted)
+        finally:
+            if reading:
+                self.budgets.release_read(token)
 
     async def _admitted(self, batch: pb.IngestBatch | bytes, size: int, collector: Collector | None,
-                        context) -> pb.IngestAck:
+                        context, on_admitted=None) -> pb.IngestAck:
         """`ingest` within the caller's token budget; RESOURCE_EXHAUSTED (not acked) past it."""
-        token = collector.name if collector is not None else ""
-        bound = self.budgets.try_acquire(token, size)
+        token = self._budget_key(collector, context)
+        bound = await self.budgets.acquire(token, size)
         if bound:
-            self.stats.resource_exhausted[bound] += 1
-            metrics.GATEWAY_RESOURCE_EXHAUSTED.labels(bound).inc()
-            batches, held = self.budgets.in_flight(token)
-            _limited_log.warning("collector %r over its %s bound (%d batches, %d bytes in flight; this one %d "
-                                 "bytes): refused, to be resent", token or "(no token)", bound, batches, held, size)
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"too many batches or bytes in flight for this token ({bound}); back off and resend")
+            await self._over_budget(context, token, bound, size)
+        if on_admitted is not None:
+            on_admitted(token)
         try:
             if isinstance(batch, bytes):
                 try:
@@ -300,6 +324,15 @@ class IngestService(pb_grpc.IngestServicer):
                                                                  "resend later")
         finally:
             self.budgets.release(token, size)
+
+    async def _over_budget(self, context, token: str, bound: str, size: int) -> None:
+        self.stats.resource_exhausted[bound] += 1
+        metrics.GATEWAY_RESOURCE_EXHAUSTED.labels(bound).inc()
+        batches, held = self.budgets.in_flight(token)
+        _limited_log.warning("collector %r over its %s bound (%d batches, %d bytes in flight; this one %d bytes): "
+                             "refused, to be resent", token or "(no token)", bound, batches, held, size)
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"too many batches, reads or bytes in flight for this token ({bound}); back off and resend")
 
     # -- one batch ------------------------------------------------------------------------------
     async def ingest(self, batch: pb.IngestBatch, collector: Collector | None, size: int | None = None) -> pb.IngestAck:

@@ -138,9 +138,9 @@ async def running(sender):
         await task
 
 
-async def read_topic(bootstrap: str, topic: str, keys: set[str]) -> list[tuple[str, bytes]]:
-    """(key, value) of every record of `topic` whose key is in `keys`, from the beginning to
-    the end offsets of now, in partition order."""
+async def read_topic(bootstrap: str, topic: str, keys: set[str], since_unix_s: float = 0.0) -> list[tuple[str, bytes]]:
+    """(key, value) of every record of `topic` whose key is in `keys`, from the beginning (or
+    from the first record written at `since_unix_s`) to the end offsets of now, in partition order."""
     from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
@@ -152,6 +152,13 @@ async def read_topic(bootstrap: str, topic: str, keys: set[str]) -> list[tuple[s
             await asyncio.sleep(0.05)
         parts = list(consumer.assignment())
         end = await consumer.end_offsets(parts)
+        if since_unix_s:
+            starts = await consumer.offsets_for_times({tp: int(since_unix_s * 1000) for tp in parts})
+            for tp in parts:
+                if starts[tp] is None:
+                    consumer.seek(tp, end[tp])
+                else:
+                    consumer.seek(tp, starts[tp].offset)
         while [tp for tp in parts if await consumer.position(tp) < end[tp]]:
             for records in (await consumer.getmany(timeout_ms=500, max_records=5000)).values():
                 found += [(r.key.decode(), r.value) for r in records if r.key and r.key.decode() in keys]

@@ -18,12 +18,13 @@ from fabricwatch.collectors.sender import GatewaySender, SenderConfig
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.protos.v1 import telemetry_pb2_grpc as pb_grpc
 from fabricwatch.streams import topics
-from fabricwatch.streams.admission import TokenLimits
+from fabricwatch.streams.admission import TokenBudgets, TokenLimits
 from fabricwatch.streams.auth import Collector, TokenAuth, token_digest
 from fabricwatch.streams.gateway import IngestService
 from fabricwatch.streams.kafka_limits import KAFKA_DEFAULT_MAX_MESSAGE_BYTES, topic_max_message_bytes
 
 S = 10**9
+RACK = TokenAuth([Collector("rack", token_digest("one"), ("node-*",))])
 
 
 def big_snapshot(source: str, approx_bytes: int, seq: int = 1) -> pb.Snapshot:
@@ -64,7 +65,7 @@ async def test_the_broker_limit_is_read_from_the_broker_not_assumed(kafka_bootst
 async def test_an_over_size_snapshot_is_refused_alone_and_its_batch_written_once(kafka_bootstrap):
     """A 1.6 MB snapshot used to pass validation and fail its whole batch at Kafka's limit: the
     sender resent the batch forever and its other snapshots were written again each time."""
-    tag = uuid.uuid4().hex[:6]
+    tag, started_s = uuid.uuid4().hex[:6], time.time() - 1
     small_a, big, small_b = f"node-{tag}-a", f"node-{tag}-big", f"node-{tag}-b"
     async with running_gateway(kafka_bootstrap) as listen, \
             running(GatewaySender(SenderConfig(target=listen, backoff_initial_s=0.05, backoff_max_s=0.2))) as sender:
@@ -76,7 +77,7 @@ async def test_an_over_size_snapshot_is_refused_alone_and_its_batch_written_once
     assert (ack.accepted, ack.rejected) == (2, 1) and dict(ack.problems_by_reason) == {"too_large_for_kafka": 1}
     assert [r.index for r in ack.rejections] == [1] and "bytes" in ack.rejections[0].detail
     assert sender.stats["batches_sent"] == 1 and sender.stats["stream_errors"] == 0
-    written = await read_topic(kafka_bootstrap, topics.TELEMETRY, {small_a, big, small_b})
+    written = await read_topic(kafka_bootstrap, topics.TELEMETRY, {small_a, big, small_b}, started_s)
     assert sorted(key for key, _ in written) == sorted([small_a, small_b])   # once each, the big one never
 
 
@@ -85,7 +86,7 @@ async def test_an_over_size_snapshot_is_refused_alone_and_its_batch_written_once
 async def test_cluster_is_the_tokens_and_rank_steps_only_for_its_nodes_through_the_real_gateway(kafka_bootstrap):
     """A node-a* token sent its own XID plus forged rank steps for jobs elsewhere and one dated
     2^62; all were written, and the payload's cluster decided the guard rails' domain."""
-    tag = uuid.uuid4().hex[:6]
+    tag, started_s = uuid.uuid4().hex[:6], time.time() - 1
     own, other = f"node-{tag}-a1", f"node-{tag}-b1"
     token = f"t-{tag}"
     auth = TokenAuth([Collector("rack-a", token_digest(token), (f"node-{tag}-a*",), cluster=f"east-{tag}"),
@@ -108,11 +109,11 @@ async def test_cluster_is_the_tokens_and_rank_steps_only_for_its_nodes_through_t
         "rank_step_not_allowed": 2, "rank_step_time_out_of_range": 1}
     assert ack_c.accepted == 1
     telemetry = {k: pb.Snapshot.FromString(v) for k, v in
-                 await read_topic(kafka_bootstrap, topics.TELEMETRY, {own, f"node-{tag}-c1"})}
+                 await read_topic(kafka_bootstrap, topics.TELEMETRY, {own, f"node-{tag}-c1"}, started_s)}
     assert telemetry[own].cluster == f"east-{tag}"                    # the token's cluster
     assert telemetry[f"node-{tag}-c1"].cluster == f"default-{tag}"     # no cluster in the token: the gateway's
     steps = {k: pb.Snapshot.FromString(v) for k, v in
-             await read_topic(kafka_bootstrap, topics.RANK_STEPS, set(jobs.values()))}
+             await read_topic(kafka_bootstrap, topics.RANK_STEPS, set(jobs.values()), started_s)}
     assert set(steps) == {jobs["own"]} and steps[jobs["own"]].cluster == f"east-{tag}"
 
 
@@ -146,7 +147,8 @@ async def test_one_token_is_bounded_in_batches_and_bytes_in_flight_others_are_no
     auth = TokenAuth([Collector("rack-1", token_digest("one"), ("node-1*",)),
                       Collector("rack-2", token_digest("two"), ("node-2*",))])
     sink, port = GatedSink(), free_port()
-    service = IngestService(sink, auth, limits=TokenLimits(max_concurrent_batches=2, max_bytes_in_flight=400_000))
+    service = IngestService(sink, auth, limits=TokenLimits(max_concurrent_batches=2, max_bytes_in_flight=400_000,
+                                                           max_wait_s=0))
     server = await start_server(service, port)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -187,10 +189,12 @@ async def test_one_token_is_bounded_in_batches_and_bytes_in_flight_others_are_no
 async def test_a_stream_over_its_bound_is_ended_not_acked_and_its_batches_resent():
     """A refused batch must never be acked as rejected: the sender keeps it and resends it."""
     sink, port = GatedSink(), free_port()
-    service = IngestService(sink, limits=TokenLimits(max_concurrent_batches=1, max_bytes_in_flight=10**9))
+    service = IngestService(sink, RACK, limits=TokenLimits(max_concurrent_batches=1, max_bytes_in_flight=10**9,
+                                                           max_wait_s=0))
     server = await start_server(service, port)
-    blocker = asyncio.ensure_future(_send_one(port, "node-0"))   # holds the anonymous budget
-    sender = GatewaySender(SenderConfig(target=f"127.0.0.1:{port}", backoff_initial_s=0.05, backoff_max_s=0.2))
+    blocker = asyncio.ensure_future(_send_one(port, "node-0", "one"))   # holds the token's budget
+    sender = GatewaySender(SenderConfig(target=f"127.0.0.1:{port}", token="one", backoff_initial_s=0.05,
+                                        backoff_max_s=0.2))
     try:
         async with running(sender):
             await asyncio.sleep(0.3)
@@ -207,9 +211,69 @@ async def test_a_stream_over_its_bound_is_ended_not_acked_and_its_batches_resent
     assert service.stats.resource_exhausted["batches"] >= 1
 
 
-async def _send_one(port: int, source: str) -> pb.IngestAck:
+async def test_a_burst_waits_briefly_for_room_instead_of_being_refused():
+    """Collectors that share a token tick in step: a short burst queues, it is not refused."""
+    sink, port = GatedSink(), free_port()
+    service = IngestService(sink, RACK, limits=TokenLimits(max_concurrent_batches=1, max_wait_s=5))
+    server = await start_server(service, port)
+    try:
+        sends = [asyncio.ensure_future(_send_one(port, f"node-{i}", "one")) for i in range(4)]
+        await asyncio.sleep(0.3)
+        sink.gate.set()                      # room comes back within the wait
+        assert [(await s).accepted for s in sends] == [1, 1, 1, 1]
+    finally:
+        await server.stop(0)
+    assert not service.stats.resource_exhausted
+
+
+async def test_a_unary_call_is_admitted_before_its_bytes_are_read():
+    """Send is read only once its token has a read slot: a token's concurrent large calls queue
+    instead of all sitting in memory at once (16 x 16 MiB took the gateway to 1.2 GB)."""
+    auth = TokenAuth([Collector("rack-1", token_digest("one"), ("node-1*",)),
+                      Collector("rack-2", token_digest("two"), ("node-2*",))])
+    sink, port = RecordingSink(), free_port()
+    service = IngestService(sink, auth, limits=TokenLimits(max_concurrent_reads=1, max_wait_s=0))
+    server = await start_server(service, port)
+    release = asyncio.Event()
+
+    async def slow_request():
+        await release.wait()                 # the call is open, its message not sent yet
+        yield pb.IngestBatch(snapshots=[nic_snapshot(source="node-11")]).SerializeToString()
+
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            raw_send = channel.stream_unary("/fabricwatch.v1.Ingest/Send", request_serializer=None,
+                                            response_deserializer=pb.IngestAck.FromString)
+            slow = asyncio.ensure_future(raw_send(slow_request(), metadata=(("authorization", "Bearer one"),)))
+            await asyncio.sleep(0.3)
+            stub = pb_grpc.IngestStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.Send(pb.IngestBatch(snapshots=[nic_snapshot(source="node-12")]),
+                                metadata=(("authorization", "Bearer one"),))
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            other = await stub.Send(pb.IngestBatch(snapshots=[nic_snapshot(source="node-21")]),
+                                    metadata=(("authorization", "Bearer two"),))
+            release.set()
+            assert (await slow).accepted == 1 and other.accepted == 1
+    finally:
+        await server.stop(0)
+    assert dict(service.stats.resource_exhausted) == {"reads": 1}
+
+
+async def _send_one(port: int, source: str, token: str = "") -> pb.IngestAck:
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        return await pb_grpc.IngestStub(channel).Send(pb.IngestBatch(snapshots=[nic_snapshot(source=source)]))
+        return await pb_grpc.IngestStub(channel).Send(pb.IngestBatch(snapshots=[nic_snapshot(source=source)]),
+                                                      metadata=metadata)
+
+
+def test_tokens_together_are_held_to_the_gateways_byte_budget_and_no_token_only_to_that():
+    budgets = TokenBudgets(TokenLimits(max_concurrent_batches=1, max_bytes_in_flight=100, max_bytes_in_flight_total=150))
+    assert budgets.try_acquire("rack-1", 100) == "" and budgets.try_acquire("rack-2", 100) == "gateway_bytes"
+    assert budgets.try_acquire("rack-3", 40) == ""                      # what is left of the total
+    assert [budgets.try_acquire("", 1) for _ in range(3)] == ["", "", ""]   # no token: no per-token bound
+    budgets.release("rack-1", 100)
+    assert budgets.try_acquire("rack-2", 100) == "" and budgets.total_bytes == 143
 
 
 async def test_garbage_bytes_are_refused_before_parsing_as_invalid_argument():
