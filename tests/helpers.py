@@ -74,7 +74,7 @@ class RecordingSink:
     def snapshots(self):
         from fabricwatch.streams import topics
 
-        return [pb.Snapshot.FromString(v) for t, k, v in self.records if t == topics.TELEMETRY]
+        return [snap for t, k, v in self.records if t == topics.TELEMETRY for snap in telemetry_snapshots(v)]
 
 
 def free_port() -> int:
@@ -165,3 +165,14 @@ async def read_topic(bootstrap: str, topic: str, keys: set[str], since_unix_s: f
     finally:
         await consumer.stop()
     return found
+
+
+def telemetry_snapshots(value: bytes) -> list[pb.Snapshot]:
+    """The snapshots of one telemetry-topic record: a `SourceRecord` of several ticks where the
+    packed format exists (issue #12), else one `Snapshot`."""
+    try:
+        from fabricwatch.protos.v1 import records_pb2
+        from fabricwatch.streams.decode import unpack
+    except ImportError:
+        return [pb.Snapshot.FromString(value)]
+    return list(unpack(records_pb2.SourceRecord.FromString(value)))

@@ -15,8 +15,7 @@ import uuid
 import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from aiokafka import AIOKafkaProducer
-from helpers import gpu_block, nic_snapshot
+from helpers import gateway_and_sender, gpu_block, nic_snapshot
 
 from fabricwatch.dashboard.feed import FeedSettings, follow
 from fabricwatch.dashboard.server import MAX_RESPONSE_BYTES, build_app, host_names
@@ -25,8 +24,6 @@ from fabricwatch.dashboard.state import (
 )
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
-from fabricwatch.streams import topics
-from fabricwatch.streams.gateway import split_records
 
 S = 10**9
 
@@ -46,22 +43,14 @@ def with_gpus(source: str, ids: list[str], t_ns: int, seq: int = 1) -> pb.Snapsh
 
 @pytest.mark.kafka
 async def test_one_gpu_id_gpu20000_no_longer_makes_the_fabric_answer_huge(kafka_bootstrap):
-    await topics.ensure_topics(kafka_bootstrap, topics.ALL_TOPICS)
+    """Through the real gateway, broker and the dashboard's Kafka feed."""
     cluster = f"dash-{uuid.uuid4().hex[:6]}"
     now = time.time_ns()
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
-    await producer.start()
-    try:
+    async with gateway_and_sender(kafka_bootstrap, cluster=cluster) as sender:
         for i in range(64):
-            snap = with_gpus(f"node-{i:04d}", [f"gpu{g}" for g in range(8)], now)
-            if i == 7:
-                snap = with_gpus("node-0007", [*(f"gpu{g}" for g in range(7)), "gpu20000"], now)
-            snap.cluster = cluster
-            for topic, key, value in split_records(snap):
-                await producer.send(topic, value, key=key)
-        await producer.flush()
-    finally:
-        await producer.stop()
+            ids = [f"gpu{g}" for g in range(8)] if i != 7 else [*(f"gpu{g}" for g in range(7)), "gpu20000"]
+            sender.submit(with_gpus(f"node-{cluster}-{i:04d}", ids, now))
+        assert await sender.drain(30)
     state, stop = FabricState(cluster=cluster), asyncio.Event()
     feed = asyncio.create_task(follow(FeedSettings(kafka_bootstrap, telemetry_lookback_s=60), state, stop))
     client = await client_for(state)

@@ -12,7 +12,8 @@ import uuid
 
 import grpc
 import pytest
-from helpers import RecordingSink, free_port, nic_snapshot, read_topic, running, running_gateway, start_server
+from helpers import (RecordingSink, free_port, nic_snapshot, read_topic, running, running_gateway, start_server,
+                     telemetry_snapshots)
 
 from fabricwatch.collectors.sender import GatewaySender, SenderConfig
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
@@ -108,7 +109,7 @@ async def test_cluster_is_the_tokens_and_rank_steps_only_for_its_nodes_through_t
     assert ack.accepted == 1 and dict(ack.problems_by_reason) == {
         "rank_step_not_allowed": 2, "rank_step_time_out_of_range": 1}
     assert ack_c.accepted == 1
-    telemetry = {k: pb.Snapshot.FromString(v) for k, v in
+    telemetry = {k: telemetry_snapshots(v)[0] for k, v in
                  await read_topic(kafka_bootstrap, topics.TELEMETRY, {own, f"node-{tag}-c1"}, started_s)}
     assert telemetry[own].cluster == f"east-{tag}"                    # the token's cluster
     assert telemetry[f"node-{tag}-c1"].cluster == f"default-{tag}"     # no cluster in the token: the gateway's
