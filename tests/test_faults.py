@@ -432,7 +432,7 @@ async def test_broker_restart_under_load_loses_no_sample(broker, tmp_path):
     source = f"node-outage-{uuid.uuid4().hex[:6]}"
     app_id = f"fw-outage-{uuid.uuid4().hex[:6]}"
     worker = Worker(broker.bootstrap, tmp_path, app_id, "outage-worker").start()
-    gateway = GatewayProcess(broker.bootstrap, tmp_path).start()
+    gateway = GatewayProcess(broker.bootstrap, tmp_path, "--cluster", "faults").start()   # the gateway stamps it
     sender = GatewaySender(SenderConfig(target=gateway.listen, max_buffered=rate_per_s * OUTAGE_TO_COVER_S,
                                         backoff_max_s=2.0))
     seq = 0
