@@ -100,6 +100,9 @@ GATEWAY_BATCHES_IN_FLIGHT = _metric("gateway", Gauge,
     "fabricwatch_gateway_batches_in_flight", "Batches being validated or written to Kafka right now.")
 GATEWAY_UNAUTHENTICATED_STREAMS = _metric("gateway", Counter,
     "fabricwatch_gateway_unauthenticated_streams_total", "Streams and calls refused for a missing or unknown token.")
+GATEWAY_CLUSTERS_RESTAMPED = _metric("gateway", Counter,
+    "fabricwatch_gateway_clusters_restamped_total",
+    "Snapshots whose own cluster field was replaced by their token's (or the gateway's) cluster.")
 GATEWAY_RESOURCE_EXHAUSTED = _metric("gateway", Counter,
     "fabricwatch_gateway_resource_exhausted_total",
     "Batches refused with RESOURCE_EXHAUSTED: their token had too many batches or bytes in flight",

@@ -352,7 +352,9 @@ class IngestService(pb_grpc.IngestServicer):
         if collector is not None and not collector.may_report(snap.source):
             return False, [("source_not_allowed", f"collector {collector.name!r} may not report for {snap.source!r}")]
         if snap.cluster != cluster:
-            self.stats.clusters_restamped += bool(snap.cluster)
+            if snap.cluster:
+                self.stats.clusters_restamped += 1
+                metrics.GATEWAY_CLUSTERS_RESTAMPED.inc()
             snap.cluster = cluster          # the token decides the cluster, never the payload
         try:
             verdict = validate_snapshot(snap, now_ns, collector.may_report if collector is not None else None)
