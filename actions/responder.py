@@ -58,6 +58,9 @@ HELD = {DRAIN_NODE: RESUME_NODE, DRAIN_AFTER_JOB: RESUME_NODE, ISOLATE_PORT: RES
 RESTARTS_JOBS = frozenset({DRAIN_NODE, REQUEUE_JOBS, EXCLUDE_AND_RESTART})
 _ACTING = (ev.OUTCOME_STARTED, ev.OUTCOME_EXECUTED, ev.OUTCOME_SHADOW, ev.OUTCOME_UNKNOWN)
 _LIVE = (ev.LIFECYCLE_OPEN, ev.LIFECYCLE_UPDATE)
+#: Targets (nodes, ports) whose last anomaly time is kept for the quiet period; beyond, the
+#: oldest quiet ones are forgotten (their names come from telemetry).
+MAX_TRACKED_TARGETS = 100_000
 #: The domain of actions without an executor (shadow mode): one budget for all of them.
 UNCONFIGURED_DOMAIN = "unconfigured"
 #: Jobs an action charges that its target does not name are kept in the decision's detail,
@@ -176,6 +179,7 @@ class Responder:
         self.alerted: dict[str, str] = {}        # anomaly dedup key -> idempotency key of its last alert
         self.open_on: dict[str, set[str]] = {}   # target path -> open anomaly dedup keys on it
         self.last_anomaly_s: dict[str, float] = {}
+        self.forgotten_targets = 0               # quiet targets dropped past MAX_TRACKED_TARGETS
 
     # -- anomalies ----------------------------------------------------------------------------
     def domain(self, action: str) -> str:
@@ -413,8 +417,24 @@ class Responder:
             keys = self.open_on.setdefault(path, set())
             if event.lifecycle == ev.LIFECYCLE_RESOLVED:
                 keys.discard(event.dedup_key)
+                if not keys:
+                    del self.open_on[path]
             else:
                 keys.add(event.dedup_key)
+        if len(self.last_anomaly_s) > MAX_TRACKED_TARGETS:
+            self._forget_quiet_targets()
+
+    def _forget_quiet_targets(self) -> None:
+        """Node and port names come from telemetry: forget the oldest that have nothing open and
+        nothing held, so that fresh names cannot grow the responder without bound."""
+        held = {guard_path(h.target) for mode in self.modes.values() for h in mode.held.values()}
+        quiet = sorted((t, path) for path, t in self.last_anomaly_s.items()
+                       if path not in held and not self.open_on.get(path))
+        drop = quiet[: len(self.last_anomaly_s) - MAX_TRACKED_TARGETS // 2]
+        for _, path in drop:
+            del self.last_anomaly_s[path]
+            self.open_on.pop(path, None)
+        self.forgotten_targets += len(drop)
 
     def held(self, shadow: bool) -> list[str]:
         """Targets currently drained/isolated by us (or in shadow), for status pages and tests."""

@@ -45,6 +45,7 @@ _limited_log = RateLimitedLogger(log)
 STATIC_DIR = Path(__file__).parent / "static"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 SSE_QUEUE_MAX = 256           # items per client before the oldest are dropped
+SSE_MAX_CLIENTS = 64          # open event streams; more get 503 (each holds a queue and a task)
 SSE_HEARTBEAT_S = 15.0        # a comment line keeps proxies and the browser's timer happy
 FEED_RETRY_S = 5.0            # Kafka unreachable: try the feed again after this long
 MAX_FEED_LIMIT = 1_000
@@ -105,9 +106,10 @@ class _Client:
 class SseHub:
     """Fans each new feed item out to the connected clients, each with a bounded queue."""
 
-    def __init__(self, state: FabricState, queue_max: int = SSE_QUEUE_MAX) -> None:
+    def __init__(self, state: FabricState, queue_max: int = SSE_QUEUE_MAX, max_clients: int = SSE_MAX_CLIENTS) -> None:
         self.state = state
         self.queue_max = queue_max
+        self.max_clients = max_clients
         self.clients: set[_Client] = set()
         self.closing = False
         state.listeners.append(self.publish)
@@ -127,6 +129,10 @@ class SseHub:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         flt = FeedFilter.parse(dict(request.query))
+        if len(self.clients) >= self.max_clients:
+            self.state.stats["sse_clients_refused"] += 1
+            _limited_log.warning("dashboard: event stream refused, %d open already", len(self.clients))
+            return web.Response(status=503, text=f"at most {self.max_clients} event streams\n")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no"})
         await resp.prepare(request)

@@ -169,3 +169,20 @@ def test_caps_refuse_bad_values():
     with pytest.raises(ValueError, match="source_expiry_s"):
         DashboardLimits(source_expiry_s=0)
     assert np.isfinite(DashboardLimits().source_expiry_s)
+
+
+async def test_event_streams_are_bounded_in_number():
+    from fabricwatch.dashboard.server import SSE_MAX_CLIENTS
+
+    state = FabricState()
+    client = await client_for(state)
+    try:
+        streams = [await client.get("/api/events") for _ in range(SSE_MAX_CLIENTS)]
+        await asyncio.sleep(0.2)
+        assert all(r.status == 200 for r in streams)
+        assert (await client.get("/api/events")).status == 503
+        for r in streams:
+            r.close()
+    finally:
+        await client.close()
+    assert state.stats["sse_clients_refused"] == 1

@@ -380,3 +380,16 @@ def test_max_anomaly_age_and_breaker_limits_are_validated_with_their_path():
                        ("guards: {breaker: {max_ports: 3}}", "guards.breaker.max_ports")):
         with pytest.raises(PolicyError, match=path.replace(".", r"\.")):
             parse_policy(text)
+
+
+def test_fresh_node_names_cannot_grow_the_responders_state_without_bound(monkeypatch):
+    from fabricwatch.actions import responder as responder_module
+
+    monkeypatch.setattr(responder_module, "MAX_TRACKED_TARGETS", 100)
+    r = Responder(parse_policy(EXECUTE_DRAIN))
+    held = [d for d in r.on_anomaly(storm(node="node-held"), T0) if d.request is not None]
+    assert held
+    for i in range(1000):
+        r.on_anomaly(storm(node=f"fresh-{i}", lifecycle=ev.LIFECYCLE_RESOLVED), T0 + i * S)
+    assert len(r.last_anomaly_s) <= 100 and r.forgotten_targets >= 900
+    assert "node-held" in r.last_anomaly_s and r.held(shadow=False) == ["drain_node:c1/node-held"]
