@@ -50,9 +50,16 @@ class ExecutionResult:
 
 
 class Executor(Protocol):
-    """One backend. ``execute`` never raises for a refused or failed action: it returns FAILED."""
+    """One backend. ``execute`` never raises for a refused or failed action: it returns FAILED.
+
+    ``domain`` names what it acts on as it knows it (``slurm:<ClusterName>``,
+    ``kubernetes:<API server>``, ``fabric:<switch config>``, ``command:<program>``): the guard
+    rails count nodes, jobs and ports per domain, never per a cluster an anomaly names.
+    An action on a job runs only once the backend itself confirms the job runs on the node.
+    """
 
     name: str
     handles: frozenset[str]
+    domain: str
 
     async def execute(self, request: ActionRequest) -> ExecutionResult: ...

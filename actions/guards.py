@@ -4,10 +4,15 @@ Each guard answers one question with a named threshold and keeps only bounded st
 the responder can rebuild all of them from the audit topic after a restart.
 
 >>> breaker = BlastRadiusBreaker(limit=2, window_s=600)
->>> [breaker.admit("c1", t, now_s=0.0) for t in ("node-1", "node-2", "node-1", "node-3")]
+>>> [breaker.admit("slurm:a", t, now_s=0.0) for t in ("node-1", "node-2", "node-1", "node-3")]
 [True, True, True, False]
->>> breaker.admit("c1", "node-3", now_s=601.0)
+>>> breaker.admit("slurm:a", "node-3", now_s=601.0)
 True
+>>> budget = ActionBudget({NODES: 1, JOBS: 2, PORTS: 1}, window_s=600)
+>>> [budget.admit("slurm:a", [(JOBS, j)], now_s=0.0) for j in ("7", "8", "9")]   # one node, many jobs
+['', '', 'jobs']
+>>> budget.admit("slurm:a", [(NODES, "node-1")], now_s=0.0), budget.admit("slurm:b", [(JOBS, "9")], now_s=0.0)
+('', '')
 >>> cooldown = Cooldown(cooldown_s=60)
 >>> cooldown.ready("drain_node", "c1/node-1", now_s=0.0)
 True
@@ -50,38 +55,87 @@ class KillSwitch:
 
 @dataclass
 class BlastRadiusBreaker:
-    """At most `limit` distinct targets per cluster acted on within `window_s`.
+    """At most `limit` distinct targets per domain acted on within `window_s`.
 
     Beyond it the responder alerts instead of acting: a fabric-wide flood of anomalies
     (real or forged) must never turn into draining the fleet. Acting again on a target
     already inside the window is free: draining and requeueing one node is one target.
+    The domain is what the executor acts on (a Slurm cluster, a Kubernetes cluster, a
+    fabric), never a name an anomaly carries.
     """
 
     limit: int
     window_s: float
     _acted: dict[str, deque[tuple[float, str]]] = field(default_factory=dict)
 
-    def _current(self, cluster: str, now_s: float) -> deque[tuple[float, str]]:
-        acted = self._acted.setdefault(cluster, deque())
+    def _current(self, domain: str, now_s: float) -> deque[tuple[float, str]]:
+        acted = self._acted.setdefault(domain, deque())
         while acted and acted[0][0] <= now_s - self.window_s:
             acted.popleft()
         return acted
 
-    def admit(self, cluster: str, target: str, now_s: float) -> bool:
+    def has_room(self, domain: str, target: str, now_s: float) -> bool:
+        targets = {t for _, t in self._current(domain, now_s)}
+        return target in targets or len(targets) < self.limit
+
+    def admit(self, domain: str, target: str, now_s: float) -> bool:
         """Charge `target` if the window has room (or already holds it); False when open."""
-        acted = self._current(cluster, now_s)
-        targets = {t for _, t in acted}
-        if target not in targets and len(targets) >= self.limit:
+        if not self.has_room(domain, target, now_s):
             return False
-        acted.append((now_s, target))
+        self._current(domain, now_s).append((now_s, target))
         return True
 
-    def charge(self, cluster: str, target: str, at_s: float) -> None:
-        """Record an action taken elsewhere (restore from audit, another responder)."""
-        self._acted.setdefault(cluster, deque()).append((at_s, target))
+    def charge(self, domain: str, target: str, at_s: float) -> None:
+        """Record an action taken elsewhere (restore from audit, a result's side effects)."""
+        self._acted.setdefault(domain, deque()).append((at_s, target))
 
-    def in_window(self, cluster: str, now_s: float) -> int:
-        return len({t for _, t in self._current(cluster, now_s)})
+    def in_window(self, domain: str, now_s: float) -> int:
+        return len({t for _, t in self._current(domain, now_s)})
+
+
+#: What the breaker counts, each with its own limit: what the actions disturb.
+NODES, JOBS, PORTS = "nodes", "jobs", "ports"
+UNIT_KINDS = (NODES, JOBS, PORTS)
+
+
+@dataclass
+class ActionBudget:
+    """Nodes drained, jobs restarted and ports isolated, each bounded per domain and window.
+
+    One node restarting any number of jobs, or six nodes under six invented cluster names,
+    must stay within the same budget: the units are the things an action disturbs, the
+    domain is the executor's (see `BlastRadiusBreaker`). An action is admitted only when
+    every unit it charges has room (all or nothing).
+    """
+
+    limits: dict[str, int]
+    window_s: float
+    _windows: dict[str, BlastRadiusBreaker] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.limits) - set(UNIT_KINDS)
+        if unknown:
+            raise ValueError(f"ActionBudget limits for unknown units {sorted(unknown)}")
+        self._windows = {kind: BlastRadiusBreaker(self.limits.get(kind, 0), self.window_s) for kind in UNIT_KINDS}
+
+    def admit(self, domain: str, units: list[tuple[str, str]], now_s: float) -> str:
+        """"" and all `units` charged, or the kind of unit whose window is full (nothing charged)."""
+        for kind, unit in units:
+            if not self._windows[kind].has_room(domain, unit, now_s):
+                return kind
+        for kind, unit in units:
+            self._windows[kind].admit(domain, unit, now_s)
+        return ""
+
+    def charge(self, domain: str, units: list[tuple[str, str]], at_s: float) -> None:
+        for kind, unit in units:
+            self._windows[kind].charge(domain, unit, at_s)
+
+    def in_window(self, domain: str, kind: str, now_s: float) -> int:
+        return self._windows[kind].in_window(domain, now_s)
+
+    def limit(self, kind: str) -> int:
+        return self._windows[kind].limit
 
 
 @dataclass

@@ -37,6 +37,7 @@ from fabricwatch.models.findings import CRITICAL, INFO, WARNING
 from fabricwatch.protos.v1 import events_pb2 as ev
 
 from .base import ACTION_KINDS, ALERT, UNDO_OF
+from .guards import JOBS, NODES, PORTS
 
 MAX_POLICY_BYTES = 256 * 1024      # a policy is a page of YAML; anything bigger is a mistake or an attack
 MAX_RULES = 200
@@ -59,7 +60,12 @@ SHADOW, EXECUTE = "shadow", "execute"
 # fleet at once, and a wrong drain costs more than a missed one.
 BREAKER_MAX_FRACTION = 0.01
 BREAKER_MIN_COUNT = 2
+BREAKER_MAX_JOBS_RESTARTED = 2     # per domain and window: a restart costs every rank of the job
+BREAKER_MAX_PORTS_ISOLATED = 2
 BREAKER_WINDOW_S = 600.0
+# Act only on fresh evidence: an anomaly older than this (a backlog after an outage, a
+# replayed or back-dated one) is alerted on, never executed.
+MAX_ANOMALY_AGE_S = 600.0
 COOLDOWN_S = 1800.0
 QUIET_PERIOD_S = 3600.0
 FLAP_WINDOW_S = 86400.0
@@ -102,14 +108,24 @@ class Rule:
 
 @dataclass(frozen=True)
 class BreakerConfig:
+    """Blast-radius limits per executor domain (a Slurm cluster, a Kubernetes cluster, a
+    fabric) and window: nodes drained, jobs restarted, ports isolated, each counted apart."""
+
     max_fraction: float = BREAKER_MAX_FRACTION
     min_count: int = BREAKER_MIN_COUNT
     window_s: float = BREAKER_WINDOW_S
-    fleet_size: int = 0          # nodes (or ports) in the cluster; 0: unknown, the limit is min_count
+    fleet_size: int = 0          # nodes in the domain; 0: unknown, the node limit is min_count
+    max_jobs_restarted: int = BREAKER_MAX_JOBS_RESTARTED
+    max_ports_isolated: int = BREAKER_MAX_PORTS_ISOLATED
 
     @property
     def limit(self) -> int:
+        """Nodes drained (or requeued) per domain and window."""
         return max(self.min_count, math.floor(self.max_fraction * self.fleet_size))
+
+    @property
+    def limits(self) -> dict[str, int]:
+        return {NODES: self.limit, JOBS: self.max_jobs_restarted, PORTS: self.max_ports_isolated}
 
 
 @dataclass(frozen=True)
@@ -121,6 +137,7 @@ class Guards:
     flap_max_undos: int = FLAP_MAX_UNDOS          # beyond this many undos in the window: stays drained
     kill_switch: bool = False
     kill_switch_file: str = ""                    # its existence stops every execution
+    max_anomaly_age_s: float = MAX_ANOMALY_AGE_S  # older anomalies are alerted on, not executed
 
 
 @dataclass(frozen=True)
@@ -231,6 +248,8 @@ def _guards(doc: Mapping[str, Any], path: str) -> Guards:
         min_count=b.integer("min_count", BREAKER_MIN_COUNT, low=0, high=100_000),
         window_s=b.number("window_s", BREAKER_WINDOW_S, low=1.0, high=7 * 86400.0),
         fleet_size=b.integer("fleet_size", 0, low=0, high=10_000_000),
+        max_jobs_restarted=b.integer("max_jobs_restarted", BREAKER_MAX_JOBS_RESTARTED, low=0, high=100_000),
+        max_ports_isolated=b.integer("max_ports_isolated", BREAKER_MAX_PORTS_ISOLATED, low=0, high=100_000),
     )
     b.finish()
     guards = Guards(
@@ -241,6 +260,7 @@ def _guards(doc: Mapping[str, Any], path: str) -> Guards:
         flap_max_undos=sec.integer("flap_max_undos", FLAP_MAX_UNDOS, low=0, high=1000),
         kill_switch=sec.boolean("kill_switch", False),
         kill_switch_file=sec.text("kill_switch_file", ""),
+        max_anomaly_age_s=sec.number("max_anomaly_age_s", MAX_ANOMALY_AGE_S, low=1.0, high=7 * 86400.0),
     )
     sec.finish()
     return guards

@@ -10,10 +10,16 @@ Order of checks for one (rule, action, target), and the outcome each gives:
 
 1. the idempotency key was decided before (redelivery, restart)   -> SKIPPED_DUPLICATE
 2. the anomaly names nothing this action can act on                -> NOT_APPLICABLE
-3. execution enabled but the kill switch is engaged                -> REFUSED_KILL_SWITCH
-4. same action on the same target within the cooldown              -> SKIPPED_COOLDOWN
-5. the cluster's blast-radius window is full                       -> REFUSED_BREAKER
-6. execution enabled: STARTED + a request to run; otherwise        -> SHADOW ("would have")
+3. the anomaly is older than the policy's max_anomaly_age_s        -> REFUSED_STALE (alerted only)
+4. execution enabled but the kill switch is engaged                -> REFUSED_KILL_SWITCH
+5. same action on the same target within the cooldown              -> SKIPPED_COOLDOWN
+6. the executor domain's budget of nodes / jobs / ports is spent   -> REFUSED_BREAKER
+7. execution enabled: STARTED + a request to run; otherwise        -> SHADOW ("would have")
+
+The guard rails count in the domain the executor acts on (`domain_for`: a Slurm cluster,
+a Kubernetes cluster, a fabric), never in the cluster an anomaly names: that name comes
+from telemetry. Cooldowns and held drains are keyed on the target without its cluster
+for the same reason.
 
 Shadow decisions go through the same guards with their own state, so a shadow run shows
 exactly what execution would have done, refusals included.
@@ -22,7 +28,7 @@ exactly what execution would have done, refusals included.
 >>> policy = parse_policy("rules: [{name: storm, match: {kind: pfc_storm}, actions: [drain_node]}]")
 >>> responder = Responder(policy)
 >>> storm = ev.AnomalyEvent(id="a1", dedup_key="pfc_storm:c1/node-7/mlx5_0/1", kind="pfc_storm",
-...     severity=ev.SEVERITY_CRITICAL, lifecycle=ev.LIFECYCLE_OPEN, onset_unix_ns=10**18,
+...     severity=ev.SEVERITY_CRITICAL, lifecycle=ev.LIFECYCLE_OPEN, onset_unix_ns=10**18, detected_unix_ns=10**18,
 ...     entity=ev.EntityPath(cluster="c1", node="node-7", device="mlx5_0", port="1"))
 >>> [(d.record.action, ev.Outcome.Name(d.record.outcome)) for d in responder.on_anomaly(storm, 10**18)]
 [('drain_node', 'OUTCOME_SHADOW')]
@@ -40,7 +46,7 @@ from fabricwatch.protos.v1 import events_pb2 as ev
 
 from .base import (ALERT, DONE, DRAIN_AFTER_JOB, DRAIN_NODE, EXCLUDE_AND_RESTART, FAILED, ISOLATE_PORT,
                    REQUEUE_JOBS, RESTORE_PORT, RESUME_NODE, UNDO_OF, ActionRequest, ExecutionResult)
-from .guards import BlastRadiusBreaker, Cooldown, FlapMemory, IdempotencyLedger, KillSwitch
+from .guards import JOBS, NODES, PORTS, ActionBudget, Cooldown, FlapMemory, IdempotencyLedger, KillSwitch
 from .policy import Policy
 
 NODE_ACTIONS = frozenset({DRAIN_NODE, DRAIN_AFTER_JOB, REQUEUE_JOBS, RESUME_NODE})
@@ -48,8 +54,18 @@ NODE_ACTIONS = frozenset({DRAIN_NODE, DRAIN_AFTER_JOB, REQUEUE_JOBS, RESUME_NODE
 DISRUPTIVE = frozenset({DRAIN_NODE, DRAIN_AFTER_JOB, REQUEUE_JOBS, EXCLUDE_AND_RESTART, ISOLATE_PORT})
 #: Actions whose effect lasts until undone; the responder undoes them after a quiet period.
 HELD = {DRAIN_NODE: RESUME_NODE, DRAIN_AFTER_JOB: RESUME_NODE, ISOLATE_PORT: RESTORE_PORT}
+#: Actions whose result may name jobs it restarted (requeued off a drained node): charged as jobs.
+RESTARTS_JOBS = frozenset({DRAIN_NODE, REQUEUE_JOBS, EXCLUDE_AND_RESTART})
 _ACTING = (ev.OUTCOME_STARTED, ev.OUTCOME_EXECUTED, ev.OUTCOME_SHADOW, ev.OUTCOME_UNKNOWN)
 _LIVE = (ev.LIFECYCLE_OPEN, ev.LIFECYCLE_UPDATE)
+#: Targets (nodes, ports) whose last anomaly time is kept for the quiet period; beyond, the
+#: oldest quiet ones are forgotten (their names come from telemetry).
+MAX_TRACKED_TARGETS = 100_000
+#: The domain of actions without an executor (shadow mode): one budget for all of them.
+UNCONFIGURED_DOMAIN = "unconfigured"
+#: Jobs an action charges that its target does not name are kept in the decision's detail,
+#: so that a restart rebuilds the same budget from the audit topic.
+JOBS_DETAIL_PREFIX = "jobs: "
 
 
 @dataclass
@@ -74,7 +90,7 @@ class _Held:
 class _Mode:
     """Guard state of one mode; execution and shadow never share a window or a cooldown."""
 
-    breaker: BlastRadiusBreaker
+    breaker: ActionBudget
     cooldown: Cooldown
     flaps: FlapMemory
     held: dict[tuple[str, str], _Held] = field(default_factory=dict)
@@ -110,11 +126,35 @@ def action_target(action: str, event: ev.AnomalyEvent) -> EntityRef | None:
     return None
 
 
-def blast_radius_key(target: EntityRef) -> str:
-    """What the breaker counts: the node (restarting a job without node X touches X) or the port."""
-    if target.node:
-        return EntityRef(cluster=target.cluster, node=target.node).path()
-    return target.path()
+def guard_path(target: EntityRef) -> str:
+    """The target as the guards key it: without the cluster, which an anomaly only claims."""
+    return EntityRef(switch=target.switch, node=target.node, device=target.device, port=target.port,
+                     rank=target.rank, job=target.job).path()
+
+
+def breaker_units(action: str, target: EntityRef, jobs: Iterable[str] = ()) -> list[tuple[str, str]]:
+    """What `action` on `target` disturbs, as the breaker counts it: nodes drained, jobs
+    restarted (the target's job, else the anomaly's `jobs`), ports isolated.
+
+    >>> breaker_units(EXCLUDE_AND_RESTART, EntityRef(cluster="c", node="n7", job="42"))
+    [('jobs', '42')]
+    >>> breaker_units(DRAIN_NODE, EntityRef(cluster="anything", node="n7"))
+    [('nodes', 'n7')]
+    """
+    if action == EXCLUDE_AND_RESTART:
+        return [(JOBS, job) for job in ([target.job] if target.job else sorted(set(jobs) - {""}))]
+    if action == ISOLATE_PORT:
+        return [(PORTS, f"{target.switch}/{target.port}")]
+    if action in NODE_ACTIONS and target.node:
+        return [(NODES, target.node)]
+    return []
+
+
+def anomaly_age_s(event: ev.AnomalyEvent, now_ns: int, received_ns: int = 0) -> float:
+    """How old the anomaly's evidence is: from the oldest of its detection time, its emission
+    and its arrival on Kafka (`received_ns`); infinite when it carries no time at all."""
+    times = [t for t in (event.detected_unix_ns, event.emitted_unix_ns, received_ns) if t > 0]
+    return (now_ns - min(times)) / 1e9 if times else float("inf")
 
 
 def affected_jobs(event: ev.AnomalyEvent) -> tuple[str, ...]:
@@ -122,37 +162,48 @@ def affected_jobs(event: ev.AnomalyEvent) -> tuple[str, ...]:
 
 
 class Responder:
-    def __init__(self, policy: Policy, executor_for: Mapping[str, str] | None = None):
+    """`executor_for` names the executor of each action kind; `domain_for` the domain it acts
+    on (`Executor.domain`: ``slurm:<ClusterName>``, ``kubernetes:<API server>``, ...)."""
+
+    def __init__(self, policy: Policy, executor_for: Mapping[str, str] | None = None,
+                 domain_for: Mapping[str, str] | None = None):
         self.policy = policy
         self.executor_for = dict(executor_for or {})
+        self.domain_for = dict(domain_for or {})
         g = policy.guards
         self.kill_switch = KillSwitch(in_policy=g.kill_switch, file=g.kill_switch_file)
         self.ledger = IdempotencyLedger()
-        self.modes = {shadow: _Mode(BlastRadiusBreaker(g.breaker.limit, g.breaker.window_s),
+        self.modes = {shadow: _Mode(ActionBudget(g.breaker.limits, g.breaker.window_s),
                                     Cooldown(g.cooldown_s), FlapMemory(g.flap_max_undos, g.flap_window_s))
                       for shadow in (False, True)}
         self.alerted: dict[str, str] = {}        # anomaly dedup key -> idempotency key of its last alert
         self.open_on: dict[str, set[str]] = {}   # target path -> open anomaly dedup keys on it
         self.last_anomaly_s: dict[str, float] = {}
+        self.forgotten_targets = 0               # quiet targets dropped past MAX_TRACKED_TARGETS
 
     # -- anomalies ----------------------------------------------------------------------------
-    def on_anomaly(self, event: ev.AnomalyEvent, now_ns: int) -> list[Decision]:
+    def domain(self, action: str) -> str:
+        return self.domain_for.get(action) or UNCONFIGURED_DOMAIN
+
+    def on_anomaly(self, event: ev.AnomalyEvent, now_ns: int, received_ns: int = 0) -> list[Decision]:
+        """Decisions for one anomaly; `received_ns` is when it reached Kafka (0: unknown)."""
         now_s = now_ns / 1e9
         self._track(event, now_s)
         if event.lifecycle == ev.LIFECYCLE_RESOLVED:
             return self._resolve_alert(event, now_ns)
         if event.lifecycle not in _LIVE:
             return []
+        age_s = anomaly_age_s(event, now_ns, received_ns)
         decisions: list[Decision] = []
         for rule in self.policy.rules_for(event):
             for action in rule.actions:
                 if action == ALERT:
                     decisions += self._fire_alert(event, rule.name, now_ns)
                 else:
-                    decisions.append(self._decide(event, rule.name, action, now_ns))
+                    decisions.append(self._decide(event, rule.name, action, now_ns, age_s))
         return decisions
 
-    def _decide(self, event: ev.AnomalyEvent, rule: str, action: str, now_ns: int) -> Decision:
+    def _decide(self, event: ev.AnomalyEvent, rule: str, action: str, now_ns: int, age_s: float = 0.0) -> Decision:
         target = action_target(action, event)
         key = idempotency_key(rule, action, target.path() if target else "-", event.dedup_key, event.onset_unix_ns)
         executing = self.policy.executes(action)
@@ -163,31 +214,42 @@ class Responder:
         if key in self.ledger:
             record.outcome, record.reason = ev.OUTCOME_SKIPPED_DUPLICATE, "already decided (redelivered anomaly)"
             return Decision(record)
-        record.outcome, record.reason = self._guard(action, target, executing, now_ns / 1e9)
+        jobs = affected_jobs(event)
+        record.outcome, record.reason = self._guard(action, target, executing, now_ns / 1e9, age_s, jobs)
+        if target is not None and not target.job and any(k == JOBS for k, _ in breaker_units(action, target, jobs)):
+            record.detail = JOBS_DETAIL_PREFIX + ",".join(jobs)
         decision = Decision(record)
         if record.outcome == ev.OUTCOME_STARTED:
             decision.request = ActionRequest(action=action, target=target, reason=_reason(event),
                                              idempotency_key=key, anomaly_id=event.id,
-                                             anomaly_dedup_key=event.dedup_key, jobs=affected_jobs(event))
+                                             anomaly_dedup_key=event.dedup_key, jobs=jobs)
         self._apply(record)
         return decision
 
-    def _guard(self, action: str, target: EntityRef | None, executing: bool, now_s: float) -> tuple[int, str]:
+    def _guard(self, action: str, target: EntityRef | None, executing: bool, now_s: float, age_s: float = 0.0,
+               jobs: tuple[str, ...] = ()) -> tuple[int, str]:
         if target is None:
             return ev.OUTCOME_NOT_APPLICABLE, f"the anomaly names no target for {action}"
+        max_age_s = self.policy.guards.max_anomaly_age_s
+        if age_s > max_age_s:
+            return (ev.OUTCOME_REFUSED_STALE, f"the anomaly is {age_s:.0f} s old (at most {max_age_s:g} s to act on): "
+                                              "alerted, not acted on")
         mode = self.modes[not executing]
         if executing:
             why = self.kill_switch.engaged()
             if why:
                 return ev.OUTCOME_REFUSED_KILL_SWITCH, why
-        path = target.path()
-        if not mode.cooldown.ready(action, path, now_s):
-            return ev.OUTCOME_SKIPPED_COOLDOWN, f"{action} on {path} within the last {mode.cooldown.cooldown_s:g} s"
-        if action in DISRUPTIVE and not mode.breaker.admit(target.cluster, blast_radius_key(target), now_s):
-            return (ev.OUTCOME_REFUSED_BREAKER,
-                    f"blast-radius limit: {mode.breaker.in_window(target.cluster, now_s)} targets in "
-                    f"{target.cluster or 'the cluster'} acted on within {mode.breaker.window_s:g} s "
-                    f"(limit {mode.breaker.limit}); alert instead of act")
+        key = guard_path(target)
+        if not mode.cooldown.ready(action, key, now_s):
+            return ev.OUTCOME_SKIPPED_COOLDOWN, f"{action} on {key} within the last {mode.cooldown.cooldown_s:g} s"
+        domain = self.domain(action)
+        if action in DISRUPTIVE:
+            full = mode.breaker.admit(domain, breaker_units(action, target, jobs), now_s)
+            if full:
+                return (ev.OUTCOME_REFUSED_BREAKER,
+                        f"blast-radius limit: {mode.breaker.in_window(domain, full, now_s)} {full} of {domain} "
+                        f"acted on within {mode.breaker.window_s:g} s (limit {mode.breaker.limit(full)}); "
+                        "alert instead of act")
         if executing:
             return ev.OUTCOME_STARTED, ""
         return ev.OUTCOME_SHADOW, "shadow mode: would have executed" if self.policy.mode == "shadow" else \
@@ -202,7 +264,20 @@ class Responder:
         record.reason = "" if result.status == DONE else result.status
         record.detail = result.detail[:4000]
         self._apply(record)
+        if decision.request is not None and decision.request.action in RESTARTS_JOBS and result.affected:
+            # jobs a drain or requeue moved off the node were restarted too: they count
+            self.modes[record.shadow].breaker.charge(self.domain(record.action),
+                                                     [(JOBS, job) for job in result.affected], now_ns / 1e9)
         return record
+
+    def alert_queued(self, decision: Decision) -> None:
+        """An alert was handed to the sinks' queues; its outcome comes later (`on_alert_sent`).
+        Until then a redelivered anomaly must find it decided, and a RESOLVED must follow it."""
+        self.ledger.add(decision.record.idempotency_key)
+        if decision.alert == "resolved":
+            self.alerted.pop(decision.record.anomaly_dedup_key, None)
+        else:
+            self.alerted[decision.record.anomaly_dedup_key] = decision.record.idempotency_key
 
     def on_alert_sent(self, decision: Decision, ok: bool, detail: str, now_ns: int) -> ev.ActionDecision:
         record = ev.ActionDecision()
@@ -247,7 +322,7 @@ class Responder:
         decisions = []
         for shadow, mode in self.modes.items():
             for held in list(mode.held.values()):
-                path = held.target.path()
+                path = guard_path(held.target)
                 if self.open_on.get(path) or now_s - self.last_anomaly_s.get(path, now_s) < quiet:
                     continue
                 undo = HELD[held.action]
@@ -306,7 +381,7 @@ class Responder:
             return
         at_s = record.decided_unix_ns / 1e9
         target = _ref(record.target)
-        path = target.path()
+        path = guard_path(target)
         mode = self.modes[record.shadow]
         # EXECUTED / FAILED follow a STARTED that was applied already; refusals change nothing
         acted = record.outcome in (ev.OUTCOME_STARTED, ev.OUTCOME_SHADOW, ev.OUTCOME_UNKNOWN)
@@ -321,7 +396,9 @@ class Responder:
             return
         mode.cooldown.charge(record.action, path, at_s)
         if restoring and record.action in DISRUPTIVE:   # live decisions were admitted by the breaker
-            mode.breaker.charge(target.cluster, blast_radius_key(target), at_s)
+            jobs = record.detail[len(JOBS_DETAIL_PREFIX):].split(",") if record.detail.startswith(
+                JOBS_DETAIL_PREFIX) else ()
+            mode.breaker.charge(self.domain(record.action), breaker_units(record.action, target, jobs), at_s)
         if record.action in HELD:
             mode.held[(record.action, path)] = _Held(record.action, target, record.idempotency_key, record.shadow,
                                                      record.anomaly_dedup_key)
@@ -332,20 +409,36 @@ class Responder:
         e = event.entity
         paths = []
         if e.node and not e.switch:
-            paths.append(EntityRef(cluster=e.cluster, node=e.node).path())
+            paths.append(guard_path(EntityRef(node=e.node)))
         if e.switch and e.port:
-            paths.append(EntityRef(cluster=e.cluster, switch=e.switch, port=e.port).path())
+            paths.append(guard_path(EntityRef(switch=e.switch, port=e.port)))
         for path in paths:
             self.last_anomaly_s[path] = now_s
             keys = self.open_on.setdefault(path, set())
             if event.lifecycle == ev.LIFECYCLE_RESOLVED:
                 keys.discard(event.dedup_key)
+                if not keys:
+                    del self.open_on[path]
             else:
                 keys.add(event.dedup_key)
+        if len(self.last_anomaly_s) > MAX_TRACKED_TARGETS:
+            self._forget_quiet_targets()
+
+    def _forget_quiet_targets(self) -> None:
+        """Node and port names come from telemetry: forget the oldest that have nothing open and
+        nothing held, so that fresh names cannot grow the responder without bound."""
+        held = {guard_path(h.target) for mode in self.modes.values() for h in mode.held.values()}
+        quiet = sorted((t, path) for path, t in self.last_anomaly_s.items()
+                       if path not in held and not self.open_on.get(path))
+        drop = quiet[: len(self.last_anomaly_s) - MAX_TRACKED_TARGETS // 2]
+        for _, path in drop:
+            del self.last_anomaly_s[path]
+            self.open_on.pop(path, None)
+        self.forgotten_targets += len(drop)
 
     def held(self, shadow: bool) -> list[str]:
         """Targets currently drained/isolated by us (or in shadow), for status pages and tests."""
-        return sorted(f"{action}:{path}" for action, path in self.modes[shadow].held)
+        return sorted(f"{held.action}:{held.target.path()}" for held in self.modes[shadow].held.values())
 
 
 def _with_outcome(record: ev.ActionDecision, outcome: int) -> ev.ActionDecision:

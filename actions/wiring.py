@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .alerts.base import AlertSink
+from .alerts.dispatch import DEFAULT_MAX_BACKLOG
 from .base import ACTION_KINDS, ALERT, UNDO_OF, Executor
 from .policy import EXECUTE, Policy, PolicyError, _Section
 
@@ -30,13 +31,19 @@ from .policy import EXECUTE, Policy, PolicyError, _Section
 class Backends:
     executors: dict[str, Executor] = field(default_factory=dict)   # action kind -> executor
     sinks: list[AlertSink] = field(default_factory=list)
+    alert_backlog: dict[str, int] = field(default_factory=dict)    # sink name -> max alerts queued
 
     def executor_names(self) -> dict[str, str]:
         return {action: executor.name for action, executor in self.executors.items()}
 
+    def executor_domains(self) -> dict[str, str]:
+        """What each action kind's guard rails count in: its executor's domain."""
+        return {action: executor.domain for action, executor in self.executors.items()}
+
 
 def build(policy: Policy) -> Backends:
-    backends = Backends(executors=_executors(policy.executors), sinks=_sinks(policy.alerts))
+    sinks, backlog = _sinks(policy.alerts)
+    backends = Backends(executors=_executors(policy.executors), sinks=sinks, alert_backlog=backlog)
     if policy.mode == EXECUTE:
         for action in sorted(policy.execute):
             if action not in backends.executors:
@@ -45,6 +52,11 @@ def build(policy: Policy) -> Backends:
             undo = next((u for u, of in UNDO_OF.items() if of == action), None)
             if undo and undo not in backends.executors:
                 raise PolicyError(f"execute: {action} is enabled but nothing can undo it ({undo})")
+            executor = backends.executors[action]
+            if getattr(executor, "verify_argv", None) == ():
+                # it cannot ask a scheduler: without the check it could only refuse every job
+                raise PolicyError(f"executors.restart.verify_argv: required to execute {action} through the "
+                                  "restart command/webhook: a command that confirms the job runs on the node")
     return backends
 
 
@@ -73,7 +85,8 @@ def _executors(doc: Mapping[str, Any]) -> dict[str, Executor]:
 
         executor = _built("executors.slurm", SlurmExecutor, scontrol=slurm.text("scontrol", "scontrol"),
                           squeue=slurm.text("squeue", "squeue"), slurm_conf=slurm.text("slurm_conf", ""),
-                          command_timeout_s=slurm.number("command_timeout_s", 10.0, low=0.1, high=600.0))
+                          command_timeout_s=slurm.number("command_timeout_s", 10.0, low=0.1, high=600.0),
+                          cluster_name=slurm.text("cluster_name", ""))
         by_action.update({a: executor for a in executor.handles})
         slurm.finish()
     k8s = _Section(sec.mapping("kubernetes"), "executors.kubernetes")
@@ -93,10 +106,14 @@ def _executors(doc: Mapping[str, Any]) -> dict[str, Executor]:
         argv = r.sequence("argv", 64) or None
         if argv is not None and not all(isinstance(a, str) for a in argv):
             raise PolicyError("executors.restart.argv: expected a list of strings")
+        verify_argv = r.sequence("verify_argv", 64) or None
+        if verify_argv is not None and not all(isinstance(a, str) for a in verify_argv):
+            raise PolicyError("executors.restart.verify_argv: expected a list of strings")
         webhook_url = r.text("webhook_url", "")
         secret = _secret(r, "webhook_secret_env") if webhook_url else ""
         executor = _built("executors.restart", CommandExecutor, argv, webhook_url=webhook_url,
-                          webhook_secret=secret, timeout_s=r.number("timeout_s", 60.0, low=0.1, high=3600.0))
+                          webhook_secret=secret, timeout_s=r.number("timeout_s", 60.0, low=0.1, high=3600.0),
+                          verify_argv=verify_argv)
         r.finish()
         by_action.update({a: executor for a in executor.handles})
     switches = sec.text("switch_collector_config", "")
@@ -112,7 +129,12 @@ def _executors(doc: Mapping[str, Any]) -> dict[str, Executor]:
     return by_action
 
 
-def _sinks(doc: Mapping[str, Any]) -> list[AlertSink]:
+def _backlog(s: _Section, name: str, backlog: dict[str, int]) -> None:
+    """A sink's `max_backlog`: alerts queued for it before the oldest are dropped (counted)."""
+    backlog[name] = s.integer("max_backlog", DEFAULT_MAX_BACKLOG, low=1, high=1_000_000)
+
+
+def _sinks(doc: Mapping[str, Any]) -> tuple[list[AlertSink], dict[str, int]]:
     from .alerts.alertmanager import AlertmanagerSink
     from .alerts.feishu import FeishuSink
     from .alerts.pagerduty import PagerDutySink
@@ -121,6 +143,7 @@ def _sinks(doc: Mapping[str, Any]) -> list[AlertSink]:
 
     sec = _Section(doc, "alerts")
     sinks: list[AlertSink] = []
+    backlog: dict[str, int] = {}
     am = sec.mapping("alertmanager")
     if am:
         s = _Section(am, "alerts.alertmanager")
@@ -129,17 +152,20 @@ def _sinks(doc: Mapping[str, Any]) -> list[AlertSink]:
             raise PolicyError("alerts.alertmanager.urls: expected a list of URLs")
         sinks.append(_built("alerts.alertmanager", AlertmanagerSink, urls,
                             resend_interval_s=s.number("resend_interval_s", 60.0, low=1.0, high=3600.0)))
+        _backlog(s, sinks[-1].name, backlog)
         s.finish()
     pd = sec.mapping("pagerduty")
     if pd:
         s = _Section(pd, "alerts.pagerduty")
         url = s.text("url", "https://events.pagerduty.com/v2/enqueue")
         sinks.append(_built("alerts.pagerduty", PagerDutySink, _secret(s, "routing_key_env"), url=url))
+        _backlog(s, sinks[-1].name, backlog)
         s.finish()
     slack = sec.mapping("slack")
     if slack:
         s = _Section(slack, "alerts.slack")
         sinks.append(_built("alerts.slack", SlackSink, _secret(s, "webhook_url_env")))
+        _backlog(s, sinks[-1].name, backlog)
         s.finish()
     feishu = sec.mapping("feishu")
     if feishu:
@@ -147,6 +173,7 @@ def _sinks(doc: Mapping[str, Any]) -> list[AlertSink]:
         secret = _secret(s, "secret_env") if "secret_env" in feishu else ""
         sinks.append(_built("alerts.feishu", FeishuSink, _secret(s, "webhook_url_env"), secret=secret,
                             msg_type=s.text("msg_type", "post")))
+        _backlog(s, sinks[-1].name, backlog)
         s.finish()
     wecom = sec.mapping("wecom")
     if wecom:
@@ -154,6 +181,7 @@ def _sinks(doc: Mapping[str, Any]) -> list[AlertSink]:
         sinks.append(_built("alerts.wecom", WeComSink, _secret(s, "webhook_url_env"),
                             msg_type=s.text("msg_type", "markdown"),
                             mentioned=s.names("mentioned", None, what="user id")))
+        _backlog(s, sinks[-1].name, backlog)
         s.finish()
     sec.finish()
-    return sinks
+    return sinks, backlog

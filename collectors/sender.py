@@ -23,10 +23,14 @@ from dataclasses import dataclass
 import grpc
 
 from fabricwatch import metrics
+from fabricwatch.lograte import RateLimitedLogger
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.protos.v1 import telemetry_pb2_grpc as pb_grpc
 
 log = logging.getLogger("fabricwatch.sender")
+# Reconnects and rejections repeat at the retry pace while a gateway is away or a collector
+# is misconfigured: the first few lines of each kind, then one per 30 s with a count.
+_limited_log = RateLimitedLogger(log)
 _ACKED = metrics.COLLECTOR_SNAPSHOTS_ACKED.labels("accepted")
 _REJECTED = metrics.COLLECTOR_SNAPSHOTS_ACKED.labels("rejected")
 _RECONNECTS = metrics.COLLECTOR_RECONNECTS.labels("gateway")
@@ -138,9 +142,13 @@ class GatewaySender:
                 self.stats["stream_errors"] += 1
                 code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
                 if code == grpc.StatusCode.UNAUTHENTICATED:
-                    log.error("gateway refused our token: %s", exc.details())
+                    _limited_log.error("gateway refused our token: %s", exc.details())
+                elif code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    _limited_log.warning("gateway is busy for our token (%s); backing off, %d snapshots buffered",
+                                         exc.details(), self.buffered)
                 else:
-                    log.warning("gateway stream broke (%s); %d snapshots buffered", code or exc, self.buffered)
+                    _limited_log.warning("gateway stream broke (%s); %d snapshots buffered", code or exc,
+                                         self.buffered)
             self._requeue_in_flight()
             if stop.is_set():
                 break
@@ -216,7 +224,7 @@ class GatewaySender:
             metrics.COLLECTOR_LAST_SEND_TIMESTAMP.set(time.time())
             metrics.COLLECTOR_BUFFERED_SNAPSHOTS.set(self.buffered)
             if ack.rejected:
-                log.warning("gateway rejected %d snapshots: %s", ack.rejected,
+                _limited_log.warning("gateway rejected %d snapshots: %s", ack.rejected,
                             "; ".join(f"{r.reason}: {r.detail}" for r in ack.rejections[:3]),
                             extra={"batch_id": ack.batch_id, "gateway": self.config.target,
                                    "problems": dict(ack.problems_by_reason)})

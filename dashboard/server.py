@@ -13,6 +13,13 @@ JSON under ``/api/``: ``fabric``, ``entity/<path>``, ``feed``, ``jobs``, ``statu
 ``events`` (server-sent events: every new anomaly and decision, filtered like ``/api/feed``).
 Each SSE client has a bounded queue: a client that does not keep up loses its oldest
 undelivered items (told with a ``dropped`` event), never the server's memory.
+
+Bounded answers: every list an API answer carries is capped (with its total), and an
+answer that would still exceed ``MAX_RESPONSE_BYTES`` is refused, counted and logged, so
+no id a collector invents can make one answer huge (one GPU id ``gpu20000`` once made
+``/api/fabric`` 27 MB). The ``Host`` header must name this dashboard
+(`DashboardSettings.allowed_hosts`, its listen host and loopback names by default): a page
+on another site that rebinds its DNS name to 127.0.0.1 gets 421, counted.
 """
 from __future__ import annotations
 
@@ -27,18 +34,24 @@ from pathlib import Path
 
 from aiohttp import web
 
+from fabricwatch.lograte import RateLimitedLogger, install_reconnect_log_limits
+
 from .feed import FeedSettings, follow
-from .state import FabricState, FeedFilter
+from .state import MAX_SWITCHES_SHOWN, FabricState, FeedFilter
 
 log = logging.getLogger("fabricwatch.dashboard")
+_limited_log = RateLimitedLogger(log)
 
 STATIC_DIR = Path(__file__).parent / "static"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 SSE_QUEUE_MAX = 256           # items per client before the oldest are dropped
+SSE_MAX_CLIENTS = 64          # open event streams; more get 503 (each holds a queue and a task)
 SSE_HEARTBEAT_S = 15.0        # a comment line keeps proxies and the browser's timer happy
 FEED_RETRY_S = 5.0            # Kafka unreachable: try the feed again after this long
 MAX_FEED_LIMIT = 1_000
-MAX_FABRIC_LIMIT = 10_000
+MAX_FABRIC_LIMIT = 10_000     # rows asked for; the state caps a page by its cells too
+MAX_JOBS_LIMIT = 500
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 _SECURITY_HEADERS = {
     # Everything is served from here: no CDN, no inline script.
@@ -59,6 +72,7 @@ class DashboardSettings:
     telemetry_lookback_s: float = 300.0
     events_lookback_s: float = 86_400.0
     stale_after_s: float = 30.0        # a node or switch silent this long is shown as "no data"
+    allowed_hosts: tuple[str, ...] = ()  # Host header names besides the listen host and loopback (a proxy's)
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -92,9 +106,10 @@ class _Client:
 class SseHub:
     """Fans each new feed item out to the connected clients, each with a bounded queue."""
 
-    def __init__(self, state: FabricState, queue_max: int = SSE_QUEUE_MAX) -> None:
+    def __init__(self, state: FabricState, queue_max: int = SSE_QUEUE_MAX, max_clients: int = SSE_MAX_CLIENTS) -> None:
         self.state = state
         self.queue_max = queue_max
+        self.max_clients = max_clients
         self.clients: set[_Client] = set()
         self.closing = False
         state.listeners.append(self.publish)
@@ -114,6 +129,10 @@ class SseHub:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         flt = FeedFilter.parse(dict(request.query))
+        if len(self.clients) >= self.max_clients:
+            self.state.stats["sse_clients_refused"] += 1
+            _limited_log.warning("dashboard: event stream refused, %d open already", len(self.clients))
+            return web.Response(status=503, text=f"at most {self.max_clients} event streams\n")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no"})
         await resp.prepare(request)
@@ -149,8 +168,35 @@ class SseHub:
 
 
 # ------------------------------------------------------------------------ the app
-def _json(data, status: int = 200) -> web.Response:
-    return web.json_response(data, status=status, dumps=lambda d: json.dumps(d, separators=(",", ":")))
+def host_names(listen_host: str = "127.0.0.1", extra: tuple[str, ...] = ()) -> frozenset[str]:
+    """Host header names (without port, lower case) this dashboard answers to.
+
+    >>> sorted(host_names("127.0.0.1", ("dash.example",)))
+    ['127.0.0.1', '::1', 'dash.example', 'localhost']
+    """
+    return frozenset(h.strip("[]").lower() for h in (*LOOPBACK_HOSTS, listen_host, *extra))
+
+
+def host_of(header: str) -> str:
+    """The name part of a Host header: ``[::1]:8080`` -> ``::1``, ``Dash.Example:80`` -> ``dash.example``.
+
+    >>> host_of("[::1]:8080"), host_of("Dash.Example:80"), host_of("localhost")
+    ('::1', 'dash.example', 'localhost')
+    """
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def _json(data, status: int = 200, stats=None) -> web.Response:
+    body = json.dumps(data, separators=(",", ":"))
+    if len(body) > MAX_RESPONSE_BYTES:      # the caps of `FabricState` should make this impossible
+        if stats is not None:
+            stats["responses_too_large"] += 1
+        _limited_log.error("dashboard: an answer of %d bytes refused (limit %d)", len(body), MAX_RESPONSE_BYTES)
+        body, status = json.dumps({"error": f"answer of {len(body)} bytes over the limit of {MAX_RESPONSE_BYTES}"}), 507
+    return web.Response(text=body, status=status, content_type="application/json")
 
 
 def _int_param(request: web.Request, name: str, default: int, maximum: int) -> int:
@@ -163,10 +209,21 @@ def _int_param(request: web.Request, name: str, default: int, maximum: int) -> i
     return min(int(raw), maximum)
 
 
-def build_app(state: FabricState, feed_status: dict | None = None) -> web.Application:
+def build_app(state: FabricState, feed_status: dict | None = None,
+              allowed_hosts: frozenset[str] = host_names()) -> web.Application:
     """The aiohttp application over `state` (the feed is started by `serve`, or by a test)."""
     hub = SseHub(state)
     feed_status = feed_status if feed_status is not None else {}
+
+    @web.middleware
+    async def known_host(request: web.Request, handler):
+        # DNS rebinding: a page on evil.example that resolves to 127.0.0.1 must not read the API
+        if host_of(request.headers.get("Host", "")) not in allowed_hosts:
+            state.stats["bad_host_requests"] += 1
+            _limited_log.warning("dashboard: request for Host %r refused (not one of %s)",
+                                 request.headers.get("Host", "")[:100], sorted(allowed_hosts))
+            return web.Response(status=421, text="unknown Host: this dashboard answers only to its own names\n")
+        return await handler(request)
 
     @web.middleware
     async def bad_input(request: web.Request, handler):
@@ -187,24 +244,25 @@ def build_app(state: FabricState, feed_status: dict | None = None) -> web.Applic
         return _json(state.fabric_view(time.time_ns(),
                                        problems_only=request.query.get("problems", "") in ("1", "true", "on"),
                                        offset=_int_param(request, "offset", 0, 10**9),
-                                       limit=_int_param(request, "limit", 512, MAX_FABRIC_LIMIT)))
+                                       limit=_int_param(request, "limit", 512, MAX_FABRIC_LIMIT)), stats=state.stats)
 
     async def api_entity(request: web.Request) -> web.Response:
         path = request.match_info["path"]
         view = state.entity_view(path, time.time_ns())
         if view is None:
-            return _json({"error": f"unknown entity {path!r}"}, status=404)
-        return _json(view)
+            return _json({"error": f"unknown entity {path[:200]!r}"}, status=404)
+        return _json(view, stats=state.stats)
 
     async def api_feed(request: web.Request) -> web.Response:
         flt = FeedFilter.parse(dict(request.query))
         items = state.feed_view(flt, _int_param(request, "limit", 200, MAX_FEED_LIMIT))
         kinds = sorted({i["data"]["kind"] for i in state.feed if i["type"] == "anomaly"})
         return _json({"items": items, "kinds": kinds, "jobs": sorted(state.jobs),
-                      "switches": sorted(state.switches)})
+                      "switches": sorted(state.switches)[:MAX_SWITCHES_SHOWN]}, stats=state.stats)
 
     async def api_jobs(request: web.Request) -> web.Response:
-        return _json({"jobs": state.jobs_view()})
+        return _json({"jobs": state.jobs_view(_int_param(request, "limit", MAX_JOBS_LIMIT, MAX_JOBS_LIMIT)),
+                      "jobs_total": len(state.jobs)}, stats=state.stats)
 
     async def api_status(request: web.Request) -> web.Response:
         return _json({"stats": dict(state.stats), "open_anomalies": len(state.open), "decisions": len(state.decisions),
@@ -216,7 +274,7 @@ def build_app(state: FabricState, feed_status: dict | None = None) -> web.Applic
     async def on_shutdown(app: web.Application) -> None:
         hub.close()
 
-    app = web.Application(middlewares=[bad_input])
+    app = web.Application(middlewares=[known_host, bad_input])
     app.on_response_prepare.append(security_headers)
     app.router.add_get("/", page("index.html"))
     app.router.add_get("/feed", page("feed.html"))
@@ -243,7 +301,7 @@ async def _supervise_feed(settings: DashboardSettings, state: FabricState, statu
             await follow(feed, state, stop, on_following=lambda: status.update(state="following"))
         except Exception as exc:  # the web view stays up while Kafka is away
             status.update(state="error", error=f"{type(exc).__name__}: {exc}"[:300])
-            log.warning("dashboard feed: %s; retrying in %.0f s", status["error"], FEED_RETRY_S)
+            _limited_log.warning("dashboard feed: %s; retrying in %.0f s", status["error"], FEED_RETRY_S)
             try:
                 await asyncio.wait_for(stop.wait(), FEED_RETRY_S)
             except asyncio.TimeoutError:
@@ -257,12 +315,13 @@ async def serve(settings: DashboardSettings, on_ready=None) -> None:
 
     from .state import DashboardLimits
 
+    install_reconnect_log_limits()
     topology = Topology.load(settings.topology_path) if settings.topology_path else None
     state = FabricState(topology, cluster=settings.cluster,
                         limits=DashboardLimits(history_points=settings.history_points),
                         stale_after_s=settings.stale_after_s)
     status: dict = {"state": "starting", "error": "", "bootstrap": settings.bootstrap}
-    app = build_app(state, status)
+    app = build_app(state, status, host_names(settings.host, settings.allowed_hosts))
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)

@@ -29,6 +29,8 @@ True
 """
 from __future__ import annotations
 
+import heapq
+import logging
 import re
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
@@ -36,12 +38,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fabricwatch.lograte import RateLimitedLogger
 from fabricwatch.models.frames import EntityFrame
 from fabricwatch.models.linkrate import parse_ib_rate
 from fabricwatch.models.rates import RateTracker
 from fabricwatch.models.topology import Topology
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
+
+log = logging.getLogger("fabricwatch.dashboard")
+_limited_log = RateLimitedLogger(log)
 
 # ------------------------------------------------------------------------ vocabulary
 NIC_PORT, GPU, SWITCH_PORT, NODE, SWITCH, RANK = "nic_port", "gpu", "switch_port", "node", "switch", "rank"
@@ -74,6 +80,18 @@ LIFECYCLE_NAME = {ev.LIFECYCLE_UNSPECIFIED: "unspecified", ev.LIFECYCLE_OPEN: "o
                   ev.LIFECYCLE_UPDATE: "update", ev.LIFECYCLE_RESOLVED: "resolved"}
 OUTCOME_NAME = {v.number: v.name.removeprefix("OUTCOME_").lower() for v in ev.Outcome.DESCRIPTOR.values}
 
+# What one API answer may hold: every list an answer carries is capped, with its total.
+MAX_FABRIC_CELLS = 65_536          # node rows x (rails + GPUs) of one /api/fabric page
+MAX_SWITCHES_SHOWN = 2_048
+MAX_OPEN_SHOWN = 200               # open anomalies listed with the fabric view (most severe, newest first)
+MAX_RELATED_SHOWN = 64             # related entities of one anomaly (a storm's victims)
+MAX_EVIDENCE_SHOWN = 32
+MAX_ENTITY_ANOMALIES = 200
+MAX_ENTITY_DECISIONS = 200
+MAX_CHILDREN_SHOWN = 4_096
+MAX_RANKS_SHOWN = 1_024            # per job in /api/jobs (stragglers first)
+MAX_JOBS_SHOWN = 500
+
 _BITS_PER_BYTE = 8.0
 _NIC_RAIL = re.compile(r"(\d+)(?:/\d+)?$")      # "mlx5_3/1" -> 3: the rail, when no topology says
 _GPU_INDEX = re.compile(r"^gpu(\d+)$")
@@ -100,16 +118,26 @@ class DashboardLimits:
     max_feed_items: int = 1_000
     max_jobs: int = 2_000
     max_ranks_per_job: int = 100_000
+    max_ranks: int = 200_000           # all jobs together
     step_history: int = 30             # recent steps kept per rank
+    # Per source: ids are the sender's choice, so each source gets a bounded share.
+    max_gpus_per_node: int = 64        # GPU ids gpu0 .. gpu63; "gpu20000" once made /api/fabric 27 MB
+    max_rails_per_node: int = 64       # NIC ports of one node
+    max_ports_per_switch: int = 4_096
+    max_layouts_per_source: int = 16   # distinct block layouts whose counters are kept for rates
+    source_expiry_s: float = 3_600.0   # a node or switch learnt from telemetry, silent this long, is forgotten
 
     def __post_init__(self) -> None:
         for name, minimum in (("history_points", 2), ("max_entities_per_kind", 1), ("max_sources", 1),
                               ("max_open_anomalies", 1), ("max_resolved_anomalies", 1), ("max_decisions", 1),
-                              ("max_feed_items", 1), ("max_jobs", 1), ("max_ranks_per_job", 1),
-                              ("step_history", 2)):
+                              ("max_feed_items", 1), ("max_jobs", 1), ("max_ranks_per_job", 1), ("max_ranks", 1),
+                              ("step_history", 2), ("max_gpus_per_node", 1), ("max_rails_per_node", 1),
+                              ("max_ports_per_switch", 1), ("max_layouts_per_source", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        if not self.source_expiry_s > 0:
+            raise ValueError(f"source_expiry_s must be > 0, got {self.source_expiry_s!r}")
 
 
 # ------------------------------------------------------------------------ paths
@@ -164,6 +192,7 @@ class SeriesTable:
         self.max_entities = max_entities
         self.dropped_entities = 0
         self._rows: dict[str, int] = {}
+        self._free: list[int] = []                 # rows of forgotten entities, reused first
         self._epoch_ns: int | None = None
         self._alloc(0)
 
@@ -197,11 +226,23 @@ class SeriesTable:
         if len(self._rows) >= self.max_entities:
             self.dropped_entities += 1
             return -1
-        row = len(self._rows)
-        if row >= self._times.shape[0]:
-            self._alloc(min(self.max_entities, max(16, 2 * row)))
+        if self._free:
+            row = self._free.pop()
+            self._written[row] = 0
+            self._values[row] = np.nan
+        else:
+            row = len(self._rows)
+            if row >= self._times.shape[0]:
+                self._alloc(min(self.max_entities, max(16, 2 * row)))
         self._rows[key] = row
         return row
+
+    def forget_prefix(self, prefix: str) -> int:
+        """Drop every entity whose key starts with `prefix` (a forgotten source); their rows are reused."""
+        gone = [k for k in self._rows if k.startswith(prefix)]
+        for key in gone:
+            self._free.append(self._rows.pop(key))
+        return len(gone)
 
     def append(self, keys: Iterable[str], time_ns: int, values: np.ndarray) -> None:
         """One sample for each key (values: [len(keys), n_metrics]) at event time `time_ns`."""
@@ -330,7 +371,13 @@ class FabricState:
         self._peer: dict[str, str] = {}                       # NIC path <-> leaf port path
         self.series = {kind: SeriesTable(metrics, limits.history_points, limits.max_entities_per_kind)
                        for kind, metrics in METRICS.items()}
-        self._rates = RateTracker()
+        # One RateTracker per source, reset when the source churns through block layouts: the
+        # tracker keeps the previous counters of every layout, and layouts hold the sender's ids.
+        self._rates: dict[str, RateTracker] = {}
+        self._layouts: dict[str, set[tuple]] = {}
+        self._from_topology: set[str] = set()
+        self._next_expiry_ns = 0
+        self._ranks_total = 0
         self.open: dict[str, ev.AnomalyEvent] = {}
         self.resolved: deque[ev.AnomalyEvent] = deque(maxlen=limits.max_resolved_anomalies)
         self.decisions: OrderedDict[str, ev.ActionDecision] = OrderedDict()
@@ -345,7 +392,13 @@ class FabricState:
             self._load_topology(topology)
 
     # -------------------------------------------------------------- topology
+    def _limit_hit(self, stat: str, what: str) -> None:
+        """Count a refusal of one of `DashboardLimits`, and say so in the log (rate-limited)."""
+        self.stats[stat] += 1
+        _limited_log.warning("dashboard: %s (%s, %d so far)", what, stat, self.stats[stat])
+
     def _load_topology(self, topo: Topology) -> None:
+        self._from_topology = set(topo.switches) | set(topo.nodes)
         for name, sw in topo.switches.items():
             self.switches[name] = SwitchView(name, sw.role, set(topo.ports_of(name)))
         for name in topo.nodes:
@@ -360,7 +413,8 @@ class FabricState:
         node = self.nodes.get(name)
         if node is None:
             if len(self.nodes) + len(self.switches) >= self.limits.max_sources:
-                self.stats["sources_over_limit"] += 1
+                self._limit_hit("sources_over_limit", f"node {name[:64]!r} not shown: "
+                                                      f"{self.limits.max_sources} sources already")
                 return None
             node = self.nodes[name] = NodeView(name)
         return node
@@ -369,10 +423,29 @@ class FabricState:
         sw = self.switches.get(name)
         if sw is None:
             if len(self.nodes) + len(self.switches) >= self.limits.max_sources:
-                self.stats["sources_over_limit"] += 1
+                self._limit_hit("sources_over_limit", f"switch {name[:64]!r} not shown: "
+                                                      f"{self.limits.max_sources} sources already")
                 return None
             sw = self.switches[name] = SwitchView(name, _switch_role(name))
         return sw
+
+    def expire(self, now_ns: int) -> int:
+        """Forget nodes and switches learnt from telemetry and silent for `source_expiry_s`:
+        their series rows, rate state and place in the views. Topology sources stay."""
+        cutoff = now_ns - int(self.limits.source_expiry_s * 1e9)
+        gone = [name for book in (self.nodes, self.switches) for name, holder in book.items()
+                if name not in self._from_topology and holder.last_seen_ns and holder.last_seen_ns < cutoff]
+        for name in gone:
+            self.nodes.pop(name, None)
+            self.switches.pop(name, None)
+            self._rates.pop(name, None)
+            self._layouts.pop(name, None)
+            for table in self.series.values():
+                table.forget_prefix(f"{name}/")
+        if gone:
+            self.stats["sources_expired"] += len(gone)
+            log.info("dashboard: forgot %d sources silent for over %g s", len(gone), self.limits.source_expiry_s)
+        return len(gone)
 
     def peer_of(self, path: str) -> str:
         """The other end of a NIC port / leaf port cable ("" when the topology does not say)."""
@@ -399,6 +472,9 @@ class FabricState:
             return False
         holder.last_seen_ns = snap.time_unix_ns
         self.latest_event_ns = max(self.latest_event_ns, snap.time_unix_ns)
+        if snap.time_unix_ns >= self._next_expiry_ns:       # at most once a minute of event time
+            self._next_expiry_ns = snap.time_unix_ns + 60 * 10**9
+            self.expire(snap.time_unix_ns)
         for block in snap.blocks:
             n, m, k = len(block.entity_ids), len(block.counter_names), len(block.gauge_names)
             if n == 0 or len(block.counters) != n * m or len(block.gauges) != n * k:
@@ -433,12 +509,51 @@ class FabricState:
         small = EntityFrame(frame.kind, frame.ids, tuple(present),
                             frame.counters[:, [frame.column(c) for c in present]], (), np.empty((len(frame.ids), 0)),
                             {})
-        self._rates.update(source, small, time_ns)
+        self._tracker(source, (frame.kind, frame.ids, tuple(present))).update(source, small, time_ns)
         for j, name in enumerate(present):
             out[:, names.index(name)] = small.rates[:, j]
         return out
 
+    def _tracker(self, source: str, layout: tuple) -> RateTracker:
+        layouts = self._layouts.setdefault(source, set())
+        if layout not in layouts and len(layouts) >= self.limits.max_layouts_per_source:
+            self._limit_hit("rate_state_resets", f"{source[:64]}: over {self.limits.max_layouts_per_source} "
+                                                 "block layouts; its rate state starts over")
+            layouts.clear()
+            self._rates.pop(source, None)
+        layouts.add(layout)
+        tracker = self._rates.get(source)
+        if tracker is None:
+            tracker = self._rates[source] = RateTracker()
+        return tracker
+
+    def _bounded(self, frame: EntityFrame, keep: list[int]) -> EntityFrame:
+        """The frame's entities at `keep` only (the others are over a per-source limit)."""
+        if len(keep) == len(frame.ids):
+            return frame
+        return EntityFrame(frame.kind, tuple(frame.ids[i] for i in keep), frame.counter_names, frame.counters[keep],
+                           frame.gauge_names, frame.gauges[keep],
+                           {name: [values[i] for i in keep] for name, values in frame.labels.items()})
+
     def _nic_frame(self, node: NodeView, frame: EntityFrame, time_ns: int) -> None:
+        keep = []
+        for i, eid in enumerate(frame.ids):
+            if eid not in node.nics.values():
+                if len(node.nics) >= self.limits.max_rails_per_node:
+                    continue
+                m = _NIC_RAIL.search(eid.split("/")[0])
+                rail = min(int(m.group(1)) if m else i, self.limits.max_rails_per_node - 1)
+                while rail in node.nics:                      # a rail taken by another id: next free slot
+                    rail = (rail + 1) % self.limits.max_rails_per_node
+                node.nics[rail] = eid
+            keep.append(i)
+        if len(keep) < len(frame.ids):
+            self._limit_hit("nic_ports_over_limit", f"{node.name[:64]}: {len(frame.ids) - len(keep)} NIC ports "
+                                                    f"past {self.limits.max_rails_per_node} rails not shown")
+        frame = self._bounded(frame, keep)
+        self._nic_series(node, frame, time_ns)
+
+    def _nic_series(self, node: NodeView, frame: EntityFrame, time_ns: int) -> None:
         prios = range(8)
         names = (["port_xmit_data", "port_rcv_data"] + [f"rx_prio{p}_pause_duration" for p in prios]
                  + [f"tx_prio{p}_pause_duration" for p in prios])
@@ -449,21 +564,20 @@ class FabricState:
         rate_gbps = np.array([(parse_ib_rate(s).gbps if parse_ib_rate(s) else np.nan) for s in frame.label("rate")])
         speed_mbps = frame.gauge("netdev_speed_mbps")
         rate_gbps = np.where(np.isnan(rate_gbps) & (speed_mbps > 0), speed_mbps / 1000.0, rate_gbps)
-        for i, eid in enumerate(frame.ids):
-            if eid not in node.nics.values():
-                m = _NIC_RAIL.search(eid.split("/")[0])
-                rail = int(m.group(1)) if m else i
-                while rail in node.nics:                      # a rail taken by another id: next free slot
-                    rail += 1
-                node.nics[rail] = eid
         keys = [f"{node.name}/{eid}" for eid in frame.ids]
         self.series[NIC_PORT].append(keys, time_ns, np.column_stack([tx_gbps, rx_gbps, rx_duty, tx_duty, rate_gbps]))
 
     def _gpu_frame(self, node: NodeView, frame: EntityFrame, time_ns: int) -> None:
-        for eid in frame.ids:
+        keep = []
+        for i, eid in enumerate(frame.ids):
             m = _GPU_INDEX.match(eid)
-            if m:
+            if m and int(m.group(1)) < self.limits.max_gpus_per_node:
                 node.gpus.add(int(m.group(1)))
+                keep.append(i)
+        if len(keep) < len(frame.ids):
+            self._limit_hit("gpus_over_limit", f"{node.name[:64]}: {len(frame.ids) - len(keep)} GPU ids not gpu0.."
+                                               f"gpu{self.limits.max_gpus_per_node - 1}, not shown")
+        frame = self._bounded(frame, keep)
         values = np.column_stack([frame.gauge("utilization_gpu_pct"), frame.gauge("sm_clock_mhz"),
                                   frame.gauge("temperature_c")])
         self.series[GPU].append([f"{node.name}/{eid}" for eid in frame.ids], time_ns, values)
@@ -471,8 +585,17 @@ class FabricState:
     def _switch_frame(self, sw: SwitchView, frame: EntityFrame, time_ns: int) -> None:
         prios = range(8)
         names = ["out-octets", "in-octets"] + [f"pfc{p}-rx-pause-duration-us" for p in prios]
+        keep = []
+        for i, port in enumerate(frame.ids):
+            if port not in sw.ports and len(sw.ports) >= self.limits.max_ports_per_switch:
+                continue
+            sw.ports.add(port)
+            keep.append(i)
+        if len(keep) < len(frame.ids):
+            self._limit_hit("switch_ports_over_limit", f"{sw.name[:64]}: {len(frame.ids) - len(keep)} ports past "
+                                                       f"{self.limits.max_ports_per_switch} not shown")
+        frame = self._bounded(frame, keep)
         r = self._rates_of(sw.name, frame, names, time_ns)
-        sw.ports.update(frame.ids)
         values = np.column_stack([r[:, 0] * _BITS_PER_BYTE / 1e9, r[:, 1] * _BITS_PER_BYTE / 1e9,
                                   np.fmax.reduce(r[:, 2:10], axis=1), frame.gauge("port_speed_gbps")])
         self.series[SWITCH_PORT].append([f"{sw.name}/{p}" for p in frame.ids], time_ns, values)
@@ -493,18 +616,22 @@ class FabricState:
                 if len(self.jobs) >= self.limits.max_jobs:   # forget the job not heard from longest
                     oldest = min(self.jobs.values(), key=lambda j: j.last_seen_ns)
                     del self.jobs[oldest.job_id]
-                    self.stats["jobs_evicted"] += 1
+                    self._ranks_total -= len(oldest.ranks)
+                    self._limit_hit("jobs_evicted", f"{self.limits.max_jobs} jobs: forgot {oldest.job_id[:64]}")
                 job = self.jobs[rs.job_id] = JobView(rs.job_id)
             job.world_size = max(job.world_size, rs.world_size)
             end_ns = rs.start_unix_ns + int(rs.step_seconds * 1e9)
             job.last_seen_ns = max(job.last_seen_ns, end_ns)
             rank = job.ranks.get(rs.rank)
             if rank is None:
-                if len(job.ranks) >= self.limits.max_ranks_per_job:
+                if len(job.ranks) >= self.limits.max_ranks_per_job or self._ranks_total >= self.limits.max_ranks:
                     job.dropped_ranks += 1
+                    self._limit_hit("ranks_over_limit", f"job {rs.job_id[:64]}: rank {rs.rank} not shown "
+                                                        "(ranks per job or in all over the limit)")
                     continue
                 rank = job.ranks[rs.rank] = RankView(rs.rank, rs.node, rs.local_gpu,
                                                      deque(maxlen=self.limits.step_history))
+                self._ranks_total += 1
             if rank.steps and rs.step <= rank.steps[-1][0]:
                 self.stats["stale_rank_steps"] += 1
                 continue
@@ -539,7 +666,8 @@ class FabricState:
             if current is None and len(self.open) >= self.limits.max_open_anomalies:
                 oldest = min(self.open.values(), key=lambda e: e.detected_unix_ns)
                 del self.open[oldest.dedup_key]
-                self.stats["open_anomalies_evicted"] += 1
+                self._limit_hit("open_anomalies_evicted", f"{self.limits.max_open_anomalies} open anomalies: "
+                                                          "the oldest not shown any more")
             self.open[event.dedup_key] = event
         self._health = None
         self.stats["anomaly_events"] += 1
@@ -633,6 +761,7 @@ class FabricState:
         names = sorted(self.nodes, key=_natural_key) if self.topology is None else list(self.nodes)
         if problems_only:
             names = [n for n in names if n in roles or self.silent(n, now_ns)]
+        limit = max(1, min(limit, MAX_FABRIC_CELLS // max(1, len(rails) + n_gpus)))
         rows = []
         for name in names[offset:offset + limit]:
             node = self.nodes[name]
@@ -655,17 +784,19 @@ class FabricState:
             rows.append({"node": name, "health": roles.get(name, HEALTHY).to_dict(),
                          "silent": self.silent(name, now_ns), "nics": nic_cells, "gpus": gpu_cells})
         switches = []
-        for name in sorted(self.switches, key=_natural_key):
+        for name in sorted(self.switches, key=_natural_key)[:MAX_SWITCHES_SHOWN]:
             sw = self.switches[name]
             switches.append({"name": name, "role": sw.role, "ports": len(sw.ports),
                              "health": roles.get(name, HEALTHY).to_dict(),
                              "silent": self.silent(name, now_ns)})
         return {"rails": rails, "gpus": n_gpus, "nodes_total": len(names), "offset": offset, "limit": limit,
-                "rows": rows, "switches": switches, "open_anomalies": self.open_summary(),
+                "rows": rows, "switches": switches, "switches_total": len(self.switches),
+                "open_anomalies": self.open_summary(), "open_total": len(self.open),
                 "topology_source": "file" if self.topology is not None else "telemetry"}
 
-    def open_summary(self) -> list[dict]:
-        events = sorted(self.open.values(), key=lambda e: (-e.severity, -e.detected_unix_ns))
+    def open_summary(self, limit: int = MAX_OPEN_SHOWN) -> list[dict]:
+        """The most severe, newest open anomalies first, at most `limit`."""
+        events = heapq.nsmallest(limit, self.open.values(), key=lambda e: (-e.severity, -e.detected_unix_ns))
         return [anomaly_dict(e) for e in events]
 
     def entity_kind(self, path: str) -> str:
@@ -744,21 +875,33 @@ class FabricState:
             if how:
                 anomalies.append({**anomaly_dict(event), "relation": how})
         anomalies.sort(key=lambda a: (a["lifecycle"] == "resolved", -a["detected_unix_ms"]))
-        out["anomalies"] = anomalies
+        out["anomalies"], out["anomalies_total"] = anomalies[:MAX_ENTITY_ANOMALIES], len(anomalies)
         keys = {a["dedup_key"] for a in anomalies}
-        out["decisions"] = [decision_dict(d) for d in reversed(self.decisions.values())
-                            if d.anomaly_dedup_key in keys or entity_path(d.target) == path
-                            or entity_path(d.target).startswith(path + "/")]
+        decisions = [d for d in reversed(self.decisions.values())
+                     if d.anomaly_dedup_key in keys or entity_path(d.target) == path
+                     or entity_path(d.target).startswith(path + "/")]
+        out["decisions"] = [decision_dict(d) for d in decisions[:MAX_ENTITY_DECISIONS]]
+        out["decisions_total"] = len(decisions)
+        if len(out.get("children", ())) > MAX_CHILDREN_SHOWN:
+            out["children_total"] = len(out["children"])
+            out["children"] = out["children"][:MAX_CHILDREN_SHOWN]
         return out
 
-    def jobs_view(self) -> list[dict]:
-        """Each job's ranks with recent step times, stragglers marked with their probable cause."""
+    def jobs_view(self, limit: int = MAX_JOBS_SHOWN) -> list[dict]:
+        """Each job's ranks with recent step times, stragglers marked with their probable cause.
+
+        At most `limit` jobs (most recently heard from), and per job at most
+        MAX_RANKS_SHOWN ranks, its stragglers first; ``ranks_seen`` tells how many there are.
+        """
         stragglers: dict[tuple[str, str], ev.AnomalyEvent] = {
             (e.entity.job, e.entity.rank): e for e in self.open.values() if e.kind == "straggler"}
         out = []
-        for job in sorted(self.jobs.values(), key=lambda j: j.job_id):
+        shown = heapq.nlargest(limit, self.jobs.values(), key=lambda j: j.last_seen_ns)
+        for job in sorted(shown, key=lambda j: j.job_id):
+            slow = {int(rank) for job_id, rank in stragglers if job_id == job.job_id and rank.isdigit()}
+            picked = heapq.nsmallest(MAX_RANKS_SHOWN, job.ranks.values(), key=lambda r: (r.rank not in slow, r.rank))
             ranks = []
-            for r in sorted(job.ranks.values(), key=lambda r: r.rank):
+            for r in sorted(picked, key=lambda r: r.rank):
                 event = stragglers.get((job.job_id, str(r.rank)))
                 steps = list(r.steps)
                 ranks.append({
@@ -815,10 +958,11 @@ def anomaly_dict(e: ev.AnomalyEvent) -> dict:
         "id": e.id, "dedup_key": e.dedup_key, "kind": e.kind,
         "severity": SEVERITY_NAME.get(e.severity, "unspecified"),
         "lifecycle": LIFECYCLE_NAME.get(e.lifecycle, "unspecified"),
-        "entity": _path_dict(e.entity), "related": [_path_dict(r) for r in e.related],
+        "entity": _path_dict(e.entity), "related": [_path_dict(r) for r in e.related[:MAX_RELATED_SHOWN]],
+        "related_total": len(e.related),
         "onset_unix_ms": e.onset_unix_ns // 1_000_000, "detected_unix_ms": e.detected_unix_ns // 1_000_000,
         "evidence": [{"name": x.name, "value": _finite(x.value), "threshold": _finite(x.threshold),
-                      "unit": x.unit, "detail": x.detail} for x in e.evidence],
+                      "unit": x.unit, "detail": x.detail} for x in e.evidence[:MAX_EVIDENCE_SHOWN]],
         "confidence": _finite(e.confidence), "probable_cause": e.probable_cause,
         "cause_code": getattr(e, "cause_code", ""), "suggested_action": e.suggested_action,
         "summary": e.summary, "detector": e.detector,

@@ -64,7 +64,12 @@ def cmd_gateway(args) -> int:
         return 2
     auth = TokenAuth.load(args.tokens) if args.tokens else None
     tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
-    asyncio.run(serve(args.broker, args.listen, tls=tls, client_ca=args.client_ca, auth=auth, cluster=args.cluster))
+    from fabricwatch.streams.admission import TokenLimits
+
+    limits = TokenLimits(args.max_batches_per_token, args.max_bytes_per_token,
+                         max_bytes_in_flight_total=args.max_bytes_in_flight)
+    asyncio.run(serve(args.broker, args.listen, tls=tls, client_ca=args.client_ca, auth=auth, cluster=args.cluster,
+                      limits=limits))
     return 0
 
 
@@ -163,7 +168,8 @@ def cmd_feed(args) -> int:
     auth = TokenAuth.load(args.tokens) if args.tokens else None
     tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
     asyncio.run(serve_feed(args.broker, args.listen, tls=tls, client_ca=args.client_ca, auth=auth,
-                           queue_events=args.queue_events, max_replay_s=args.max_replay))
+                           queue_events=args.queue_events, max_replay_s=args.max_replay,
+                           max_subscriptions_per_token=args.max_subscriptions_per_token, cluster=args.cluster))
     return 0
 
 
@@ -179,7 +185,8 @@ def cmd_dashboard(args) -> int:
     host, port = parse_listen(args.listen)
     settings = DashboardSettings(bootstrap=args.broker, host=host, port=port, topology_path=args.topology or "",
                                  cluster=args.cluster, history_points=args.history_points,
-                                 telemetry_lookback_s=args.lookback, stale_after_s=args.stale_after)
+                                 telemetry_lookback_s=args.lookback, stale_after_s=args.stale_after,
+                                 allowed_hosts=tuple(args.allowed_host or ()))
     asyncio.run(serve(settings))
     return 0
 
@@ -232,6 +239,10 @@ def _apply_topic_opts(argv: list[str]) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # per-token bounds: plain constants, no heavy imports
+    from fabricwatch.streams.admission import (MAX_BYTES_IN_FLIGHT_PER_TOKEN, MAX_BYTES_IN_FLIGHT_TOTAL,
+                                               MAX_CONCURRENT_BATCHES_PER_TOKEN, MAX_SUBSCRIPTIONS_PER_TOKEN)
+
     p = argparse.ArgumentParser(prog="fabricwatch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     _topic_opts(p)
@@ -279,7 +290,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--tls-key")
     sp.add_argument("--client-ca", help="require client certificates signed by this CA (mTLS)")
     sp.add_argument("--tokens", help="collector tokens file (YAML, see streams/auth.py)")
-    sp.add_argument("--cluster", default="", help="cluster name for snapshots that carry none")
+    sp.add_argument("--cluster", default="",
+                    help="cluster stamped on every snapshot of a token without `cluster:` (the payload's is ignored)")
+    sp.add_argument("--max-batches-per-token", type=int, default=MAX_CONCURRENT_BATCHES_PER_TOKEN,
+                    help="batches one token may have in validation/writing at once (RESOURCE_EXHAUSTED beyond)")
+    sp.add_argument("--max-bytes-per-token", type=int, default=MAX_BYTES_IN_FLIGHT_PER_TOKEN,
+                    help="bytes of batches one token may have in flight at once (RESOURCE_EXHAUSTED beyond; "
+                         "a batch costs ~9x its size in memory while it is written)")
+    sp.add_argument("--max-bytes-in-flight", type=int, default=MAX_BYTES_IN_FLIGHT_TOTAL,
+                    help="bytes of batches all tokens together may have in flight (one token alone always passes)")
     metrics_opts(sp, "gateway")
     sp.set_defaults(func=cmd_gateway)
 
@@ -373,6 +392,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--queue-events", type=int, default=1000,
                     help="events buffered per subscriber; a slower reader loses its oldest ones (counted)")
     sp.add_argument("--max-replay", type=int, default=3600, help="longest replay_seconds a subscriber may ask for")
+    sp.add_argument("--max-subscriptions-per-token", type=int, default=MAX_SUBSCRIPTIONS_PER_TOKEN,
+                    help="subscriptions one token may hold at once (RESOURCE_EXHAUSTED beyond)")
+    sp.add_argument("--cluster", default="",
+                    help="cluster a token without `cluster:` may read (default: any); tokens with one read only theirs")
     metrics_opts(sp, "feed")
     sp.set_defaults(func=cmd_feed)
 
@@ -386,6 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--lookback", type=float, default=300.0, help="seconds of telemetry read back at start")
     sp.add_argument("--stale-after", type=float, default=30.0,
                     help="seconds without telemetry after which a node or switch shows as silent")
+    sp.add_argument("--allowed-host", action="append", metavar="NAME",
+                    help="a Host header name to answer besides the listen host and loopback names (e.g. an "
+                         "authenticating proxy's); repeatable. Other Hosts get 421 (DNS rebinding)")
     metrics_opts(sp, "dashboard")
     sp.set_defaults(func=cmd_dashboard)
 

@@ -124,8 +124,59 @@ SWITCH_CREDENTIALS = [
 TOKENS_KEYS = [
     ("name", "`collector-<index>`", "the collector's name, in logs and rejection counts"),
     ("token_sha256", "required", "SHA-256 of the bearer token, 64 lowercase hex digits (the token itself is never stored)"),
-    ("sources", "required", "non-empty list of `fnmatch` globs of the node / switch names it may report"),
+    ("sources", "required", "non-empty list of `fnmatch` globs of the node / switch names it may report, and "
+                            "that its rank steps may name; the event feed shows it only events of these"),
+    ("cluster", "the gateway's `--cluster`", "the cluster stamped on every snapshot it sends (the snapshot's own "
+                                             "field is ignored); the feed shows it only this cluster's events"),
 ]
+
+# ---------------------------------------------------------------------- the response policy
+# The keys `actions/policy.py` reads outside `rules`, `executors` and `alerts` (those are
+# described with examples in docs/actions.md), with their meanings; `policy_keys` finds the
+# keys and defaults in the parser itself, so a new key cannot slip past this page.
+POLICY_KEY_MEANINGS = {
+    "version": "policy format version",
+    "mode": "`shadow` (record what would be done) or `execute`",
+    "execute": "action kinds allowed to run when `mode: execute`",
+    "dashboard_url": "links in alerts",
+    "guards.breaker.max_fraction": "nodes drained per executor domain and window: this fraction of `fleet_size`",
+    "guards.breaker.min_count": "... but at least this many nodes",
+    "guards.breaker.window_s": "the blast-radius window, seconds",
+    "guards.breaker.fleet_size": "nodes in the executor's domain (0: unknown, the node limit is `min_count`)",
+    "guards.breaker.max_jobs_restarted": "jobs restarted (exclude_and_restart, and jobs a drain or requeue moved) "
+                                         "per executor domain and window",
+    "guards.breaker.max_ports_isolated": "switch ports isolated per fabric and window",
+    "guards.cooldown_s": "the same action on the same target (its cluster ignored) at most once in this long",
+    "guards.quiet_period_s": "undo a drain or isolation after this long without anomalies on it",
+    "guards.flap_window_s": "window of `flap_max_undos`",
+    "guards.flap_max_undos": "undos within `flap_window_s` after which a target stays drained for a human",
+    "guards.kill_switch": "stop all execution",
+    "guards.kill_switch_file": "stop all execution while this file exists",
+    "guards.max_anomaly_age_s": "anomalies older than this (detection, emission or arrival) are alerted on, "
+                                "never acted on (`REFUSED_STALE`)",
+}
+
+
+def policy_keys() -> list[tuple[str, object]]:
+    """(dotted key, default) of every policy key outside rules/executors/alerts, as the parser reads them."""
+    from fabricwatch.actions import policy
+
+    seen: list[tuple[str, object]] = []
+    original = policy._Section._get
+
+    def recording(self, key, default):
+        path = self._at(key)
+        if not path.startswith(("rules", "executors", "alerts")) and \
+                not isinstance(default, dict) and path not in dict(seen):
+            seen.append((path, default))
+        return original(self, key, default)
+
+    policy._Section._get = recording
+    try:
+        policy.parse_policy("")
+    finally:
+        policy._Section._get = original
+    return [(key, default) for key, default in seen if key not in ("rules",)]
 
 ENVIRONMENT = [
     ("FABRICWATCH_STATE", "`.fabricwatch`", "default `--state-dir` of `up` and `kafka`"),
@@ -220,6 +271,8 @@ def undocumented_keys() -> list[str]:
     from fabricwatch.collectors import switch
 
     missing = [f"collect: {k}" for k, _ in node_config_keys() if k not in NODE_KEY_MEANINGS]
+    missing += [f"policy: {k}" for k, _ in policy_keys() if k not in POLICY_KEY_MEANINGS]
+    missing += [f"policy: {k} (documented, not read)" for k in sorted(set(POLICY_KEY_MEANINGS) - dict(policy_keys()).keys())]
     for label, rows, keys in (("collect-switch top level", SWITCH_TOP, switch._TOP_KEYS),
                               ("collect-switch gateway", SWITCH_GATEWAY, switch._GATEWAY_KEYS),
                               ("collect-switch switches[]", SWITCH_SWITCH, switch._SWITCH_KEYS),
@@ -247,7 +300,8 @@ def render() -> str:
         f"Generated from the code by `{REGENERATE}`; do not edit by hand",
         "(`tests/test_config_reference.py` fails when this page is out of date).",
         "Every option of every `fabricwatch` subcommand with its default, then the keys of the",
-        "collector config files and of the gateway's tokens file. Deployment files that set",
+        "collector config files, of the gateway's tokens file and of the response policy's guard",
+        "rails. Deployment files that set",
         "them: `deploy/` (Compose, Helm, systemd); the operator's guide is `docs/operations.md`.",
         "",
         "## Global options",
@@ -313,16 +367,32 @@ def render() -> str:
         "",
         "YAML with a `collectors` list; one entry per collector (`streams/auth.py`). A collector",
         "sends `authorization: Bearer <token>`; a snapshot for a source outside its globs is",
-        "refused (`source_not_allowed`). `deploy/compose/make-secrets.sh` writes one.",
+        "refused (`source_not_allowed`), as is a rank step for a node outside them",
+        "(`rank_step_not_allowed`). `deploy/compose/make-secrets.sh` writes one. The event feed",
+        "(`fabricwatch feed --tokens`) reads the same format.",
         "",
         "```yaml",
         "collectors:",
         "  - name: rack-12",
         "    token_sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
         "    sources: [\"node-12*\"]",
+        "    cluster: gpu-east",
         "```",
         "",
         *_key_table(TOKENS_KEYS),
+        "",
+        "## Response policy (`fabricwatch respond --policy`)",
+        "",
+        "YAML, validated before the responder starts (`actions/policy.py`; unknown keys, wrong",
+        "types and out-of-range numbers are refused with their path). `rules`, `executors` and",
+        "`alerts` (including each sink's `max_backlog`, alerts queued before the oldest are",
+        "dropped, default 1000, and `executors.restart.verify_argv`, the placement check the",
+        "restart command/webhook needs) are described with examples in `docs/actions.md`.",
+        "",
+        "| key | default | meaning |",
+        "|---|---|---|",
+        *[f"| `{k}` | {_cell(_yaml_default(k, v))} | {_cell(POLICY_KEY_MEANINGS.get(k, ''))} |"
+          for k, v in policy_keys()],
         "",
         "## Environment variables",
         "",

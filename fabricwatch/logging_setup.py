@@ -2,6 +2,10 @@
 
     fabricwatch --log-format json --log-level INFO worker ...
 
+A text line is one line: control characters in the message (a newline in a node name or
+a label a collector sent) are written as escapes (``\\n``, ``\\x1b``), so no input can
+forge a log line. A traceback still follows on its own lines.
+
 A JSON line holds ``ts`` (UTC, RFC 3339 with milliseconds), ``level``, ``logger`` and
 ``msg`` (the formatted message), then every field the call passed with ``extra=``, e.g.
 ``log.info("anomaly opened", extra={"anomaly_id": eid, "kind": kind})`` adds
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from typing import TextIO
@@ -20,6 +25,27 @@ FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # Every attribute a plain LogRecord has: whatever else is on a record came from `extra=`.
 _RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
+
+
+# C0/C1 controls, line/paragraph separators, zero-width and bidi formatting characters
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def _escape_control(text: str) -> str:
+    return _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
+
+
+class TextFormatter(logging.Formatter):
+    """TEXT_FORMAT with the message's control characters escaped: one record, one line.
+
+    >>> record = logging.LogRecord("x", logging.WARNING, "", 0, "node %s", ("n1\\nFAKE ERROR x",), None)
+    >>> TextFormatter("%(levelname)s %(message)s").format(record)
+    'WARNING node n1\\\\nFAKE ERROR x'
+    """
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = _escape_control(record.message)
+        return super().formatMessage(record)
 
 
 class JsonFormatter(logging.Formatter):
@@ -48,7 +74,7 @@ def make_handler(log_format: str = "text", stream: TextIO | None = None) -> logg
     if log_format not in FORMATS:
         raise ValueError(f"--log-format {log_format!r}: expected one of {', '.join(FORMATS)}")
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter(TEXT_FORMAT))
     return handler
 
 

@@ -59,13 +59,15 @@ def _metric(component: str, cls, name: str, documentation: str, labelnames=(), *
     return metric
 
 
-# The reason codes of streams/validate.py, plus the gateway's own authorisation refusal.
-# Pre-created so that rate() starts from 0 instead of missing the first rejection.
+# The reason codes of streams/validate.py, plus the gateway's own refusals (authorisation,
+# the broker's record size, a validator failure). Pre-created so that rate() starts from 0
+# instead of missing the first rejection.
 REJECT_REASONS = (
     "bad_source", "bad_cluster", "bad_source_kind", "timestamp_out_of_range", "too_large",
     "bad_entity_kind", "bad_column_names", "bad_entity_id", "bad_counter_count", "bad_gauge_count",
-    "bad_label_column", "non_finite_gauge", "gauge_out_of_range", "bad_rank_step", "bad_event",
-    "source_not_allowed",
+    "bad_label_column", "too_many_label_columns", "non_finite_gauge", "gauge_out_of_range", "bad_rank_step",
+    "rank_step_time_out_of_range", "rank_step_not_allowed", "bad_event",
+    "source_not_allowed", "too_large_for_kafka", "validation_error",
 )
 DETECTOR_STAGES = ("telemetry", "pause_states", "rank_steps", "cluster_timer")
 
@@ -98,6 +100,13 @@ GATEWAY_BATCHES_IN_FLIGHT = _metric("gateway", Gauge,
     "fabricwatch_gateway_batches_in_flight", "Batches being validated or written to Kafka right now.")
 GATEWAY_UNAUTHENTICATED_STREAMS = _metric("gateway", Counter,
     "fabricwatch_gateway_unauthenticated_streams_total", "Streams and calls refused for a missing or unknown token.")
+GATEWAY_CLUSTERS_RESTAMPED = _metric("gateway", Counter,
+    "fabricwatch_gateway_clusters_restamped_total",
+    "Snapshots whose own cluster field was replaced by their token's (or the gateway's) cluster.")
+GATEWAY_RESOURCE_EXHAUSTED = _metric("gateway", Counter,
+    "fabricwatch_gateway_resource_exhausted_total",
+    "Batches refused with RESOURCE_EXHAUSTED: their token had too many batches or bytes in flight",
+    ["bound"])
 
 # -- worker -------------------------------------------------------------------------------
 WORKER_RECORDS_CONSUMED = _metric("worker", Counter,
@@ -181,6 +190,11 @@ GUARD_TRIPS = _metric("actions", Counter,
 ALERTS_SENT = _metric("actions", Counter,
     "fabricwatch_alerts_sent_total", "Alerts handed to a sink, by sink and result (ok or failed: SendResult.ok).",
     ["sink", "result"])
+ALERTS_DROPPED = _metric("actions", Counter,
+    "fabricwatch_alerts_dropped_total", "Alerts dropped from a sink's full backlog (oldest first), by sink.",
+    ["sink"])
+ALERT_BACKLOG = _metric("actions", Gauge,
+    "fabricwatch_alert_backlog", "Alerts waiting in a sink's queue, by sink.", ["sink"])
 
 for _reason in REJECT_REASONS:
     GATEWAY_REJECTED_RECORDS.labels(_reason)

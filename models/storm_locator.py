@@ -95,6 +95,10 @@ SWITCH_SOURCE_CONFIDENCE = 0.8
 # watchdogs of a source's node and of its leaf confirm within one sampling interval of
 # each other; a second without the source is a silent node, not a race.
 ORPHAN_GRACE_MS = 1000
+# A leaf port still held after its NIC, which paused during the hold, stopped: the leaf's
+# restoration lags the NIC's by up to a switch sampling interval (1 s) plus the restoration
+# time; the NIC reports, so it is not silent unless the hold outlasts this.
+RESTORATION_LAG_MS = 3000
 # A source that has not progressed while the newest source advanced this much (event
 # time) is not waited for: dead, partitioned, or its partition is not being read. Several
 # seconds of uneven catch-up must fit; a silent source root waits this much longer.
@@ -199,6 +203,7 @@ class StormLocator:
                              f"got {source_max_lag_ms!r}")
         self._cluster = cluster or topology.cluster
         self._grace_ns = orphan_grace_ms * 1_000_000
+        self._restoration_lag_ns = max(0, RESTORATION_LAG_MS * 1_000_000 - self._grace_ns)
         self._peer: dict[NodeKey, NodeKey] = {}
         self._switch_ports: dict[str, list[str]] = {}
         for nic in topology.nic_ports:
@@ -232,6 +237,7 @@ class StormLocator:
                                                      state["source_max_lag_ms"] * 1_000_000))
         state.setdefault("_on_watermark", False)
         state.setdefault("_by_stream", False)
+        state.setdefault("_restoration_lag_ns", max(0, RESTORATION_LAG_MS * 1_000_000 - state["_grace_ns"]))
         self.__dict__.update(state)
 
     @property
@@ -391,6 +397,8 @@ class StormLocator:
                 # a leaf port held by a NIC that does not say it pauses: the source is silent
                 last = self._last.get((pauser, prio, PAUSING))
                 since = max(c.at_ns, last.at_ns if last is not None else 0)
+                if last is not None and last.at_ns >= c.onset_ns:
+                    since += self._restoration_lag_ns      # it paused in this hold and stopped: a lag
                 if self._believed(key, prio, since):
                     roots[key] = _Root(key, prio, "silent", c.entity, c.onset_ns, SILENT_SOURCE_CONFIDENCE,
                                        peer=pauser, evidence_from=c)

@@ -13,10 +13,14 @@ from those offsets on follow, so nothing is delivered twice or skipped in betwee
 
 Security is the gateway's: TLS with ``tls=(cert, key)``, bearer tokens checked by
 `streams.auth.TokenAuth` (the same tokens file), and a server that is not on loopback
-refuses to start without both. A token's ``sources`` globs scope what it reads: an event
-is shown only when its entity's node or switch (an action's target's) matches one of them,
-so a rack's collector token cannot watch the rest of the fleet; a platform service that
-needs everything gets a token with ``["*"]``::
+refuses to start without both. A token scopes what it reads by source and by cluster: an
+event is shown only when its entity's node or switch (an action's target's) matches one of
+the token's ``sources`` globs, and its cluster is the token's ``cluster:`` (else the
+feed's ``cluster``; neither: any), so a rack's collector token cannot watch the rest of
+the fleet, nor the same names in another cluster; a platform service that needs
+everything gets a token with ``["*"]`` and no cluster. Each token holds at most
+``max_subscriptions_per_token`` subscriptions (RESOURCE_EXHAUSTED beyond, counted), so one
+token cannot take the feed's ``max_subscriptions`` from everyone else::
 
     async with FeedServer("127.0.0.1:9092", "127.0.0.1:50071") as feed:
         await stop.wait()
@@ -34,17 +38,20 @@ from dataclasses import dataclass
 
 import grpc
 
+from fabricwatch.lograte import RateLimitedLogger, install_reconnect_log_limits
 from fabricwatch.netaddr import is_loopback, split_host_port
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import feed_pb2 as fpb
 from fabricwatch.protos.v1 import feed_pb2_grpc as fpb_grpc
 
 from . import topics
+from .admission import MAX_SUBSCRIPTIONS_PER_TOKEN
 from .auth import TokenAuth
 from .cloudevents import CloudEventError, FeedEvent, anomaly_headers, decision_headers, parse
 from .gateway import server_credentials
 
 log = logging.getLogger("fabricwatch.feed")
+_limited_log = RateLimitedLogger(log)     # broker outages repeat at the retry pace
 
 DEFAULT_LISTEN = "127.0.0.1:50071"
 #: Which kind of event each topic of the feed carries.
@@ -68,6 +75,7 @@ class Subscription:
     include_audit: bool = False
     replay_seconds: int = 0
     scope: tuple[str, ...] = ("*",)    # the token's source globs (`streams.auth.Collector.sources`)
+    cluster_scope: str = ""            # the token's cluster (or the feed's); "": any
 
     @classmethod
     def from_request(cls, request: fpb.SubscribeRequest, max_replay_s: int) -> Subscription:
@@ -96,6 +104,8 @@ class Subscription:
                 and self._job_ok([message.target]) and self._scope_ok(message.target))
 
     def _scope_ok(self, entity: ev.EntityPath) -> bool:
+        if self.cluster_scope and entity.cluster != self.cluster_scope:
+            return False
         if "*" in self.scope:
             return True
         name = entity.node or entity.switch
@@ -159,6 +169,7 @@ class FeedStats:
     subscriptions: int = 0           # open now
     refused_unauthenticated: int = 0
     refused_invalid: int = 0
+    refused_over_share: int = 0      # a token past max_subscriptions_per_token, or the feed full
 
 
 def to_proto(event: FeedEvent, dropped: int) -> fpb.FeedEvent:
@@ -206,6 +217,7 @@ def _derive_headers(kind: str, value: bytes) -> list[tuple[str, bytes]]:
 class _Subscriber:
     subscription: Subscription
     outbox: Outbox
+    token: str = ""                                        # the caller's token name ("" without auth)
     live_from: dict[tuple[str, int], int] | None = None   # after a replay: first live offset per partition
 
 
@@ -247,11 +259,14 @@ class FeedHub:
         if self._consumer is not None:
             await self._consumer.stop()
 
-    def add(self, subscription: Subscription, outbox: Outbox) -> _Subscriber:
-        subscriber = _Subscriber(subscription, outbox)
+    def add(self, subscription: Subscription, outbox: Outbox, token: str = "") -> _Subscriber:
+        subscriber = _Subscriber(subscription, outbox, token)
         self._subscribers.add(subscriber)
         self.stats.subscriptions = len(self._subscribers)
         return subscriber
+
+    def held_by(self, token: str) -> int:
+        return sum(s.token == token for s in self._subscribers)
 
     def remove(self, subscriber: _Subscriber) -> None:
         self._subscribers.discard(subscriber)
@@ -264,7 +279,7 @@ class FeedHub:
             try:
                 batches = await self._consumer.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=FETCH_BATCH_RECORDS)
             except KafkaError as exc:   # the broker is away: aiokafka reconnects, we keep asking
-                log.warning("feed consumer: %s; retrying in %.0f s", exc, KAFKA_RETRY_S)
+                _limited_log.warning("feed consumer: %s; retrying in %.0f s", exc, KAFKA_RETRY_S)
                 await asyncio.sleep(KAFKA_RETRY_S)
                 continue
             for tp, records in batches.items():
@@ -340,41 +355,62 @@ def _delivery(stats: FeedStats, topic: str, partition: int, record) -> Delivery 
 
 
 # ---------------------------------------------------------------------- gRPC
+@dataclass(frozen=True)
+class _Reader:
+    """Who subscribes: the token's name and what it may read."""
+
+    token: str
+    sources: tuple[str, ...]
+    cluster: str
+
+
 class EventFeedService(fpb_grpc.EventFeedServicer):
     def __init__(self, hub: FeedHub, auth: TokenAuth | None, queue_events: int, max_replay_s: int,
-                 max_subscriptions: int) -> None:
+                 max_subscriptions: int, max_subscriptions_per_token: int | None = None, cluster: str = "") -> None:
         self.hub = hub
         self.auth = auth
         self.queue_events = queue_events
         self.max_replay_s = max_replay_s
         self.max_subscriptions = max_subscriptions
+        self.max_subscriptions_per_token = max_subscriptions_per_token or max_subscriptions
+        self.cluster = cluster
 
-    def _scope(self, context: grpc.aio.ServicerContext) -> tuple[str, ...] | None:
-        """The caller's source globs; None when its token is missing or unknown."""
+    def _reader(self, context: grpc.aio.ServicerContext) -> _Reader | None:
+        """The caller and its scope; None when its token is missing or unknown."""
         if self.auth is None:
-            return ("*",)
+            return _Reader("", ("*",), self.cluster)
         metadata = dict(context.invocation_metadata() or ())
         header = metadata.get("authorization", "")
         collector = self.auth.identify(header[7:] if header.lower().startswith("bearer ") else "")
-        return collector.sources if collector is not None else None
+        if collector is None:
+            return None
+        return _Reader(collector.name, collector.sources, collector.cluster or self.cluster)
 
     async def Subscribe(self, request: fpb.SubscribeRequest, context) -> AsyncIterator[fpb.FeedEvent]:
         stats = self.hub.stats
-        scope = self._scope(context)
-        if scope is None:
+        reader = self._reader(context)
+        if reader is None:
             stats.refused_unauthenticated += 1
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or unknown token")
         try:
-            subscription = dataclasses.replace(Subscription.from_request(request, self.max_replay_s), scope=scope)
+            subscription = dataclasses.replace(Subscription.from_request(request, self.max_replay_s),
+                                               scope=reader.sources, cluster_scope=reader.cluster)
         except ValueError as exc:
             stats.refused_invalid += 1
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if stats.subscriptions >= self.max_subscriptions:
+            stats.refused_over_share += 1
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"this feed serves at most {self.max_subscriptions} subscriptions")
+        if self.hub.held_by(reader.token) >= self.max_subscriptions_per_token:
+            stats.refused_over_share += 1
+            _limited_log.warning("token %r refused a subscription: it holds its share of %d", reader.token,
+                                 self.max_subscriptions_per_token)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"this token holds its share of {self.max_subscriptions_per_token} subscriptions")
         outbox = Outbox(self.queue_events)
-        subscriber = self.hub.add(subscription, outbox)
-        log.info("subscription from %s: %s", context.peer(), subscription)
+        subscriber = self.hub.add(subscription, outbox, reader.token)
+        log.info("subscription from %s (token %r): %s", context.peer(), reader.token, subscription)
         try:
             if subscription.replay_seconds:
                 async for delivery in self.hub.replay(subscriber):
@@ -398,14 +434,15 @@ class FeedServer:
 
     def __init__(self, bootstrap: str, listen: str = DEFAULT_LISTEN, *, tls: tuple[str, str] | None = None,
                  client_ca: str | None = None, auth: TokenAuth | None = None, queue_events: int = 1000,
-                 max_replay_s: int = 3600, max_subscriptions: int = 100) -> None:
+                 max_replay_s: int = 3600, max_subscriptions: int = 100,
+                 max_subscriptions_per_token: int = MAX_SUBSCRIPTIONS_PER_TOKEN, cluster: str = "") -> None:
         if not is_loopback(split_host_port(listen, "feed listen address")[0]):
             if tls is None:
                 raise ValueError(f"refusing to serve the feed on {listen} without TLS (only loopback may be plaintext)")
             if auth is None:
                 raise ValueError(f"refusing to serve the feed on {listen} without tokens")
-        if queue_events < 1 or max_replay_s < 0 or max_subscriptions < 1:
-            raise ValueError("queue_events and max_subscriptions must be >= 1, max_replay_s >= 0")
+        if queue_events < 1 or max_replay_s < 0 or max_subscriptions < 1 or max_subscriptions_per_token < 1:
+            raise ValueError("queue_events and max_subscriptions(_per_token) must be >= 1, max_replay_s >= 0")
         self.bootstrap = bootstrap
         self.listen = listen
         self.tls = tls
@@ -414,18 +451,22 @@ class FeedServer:
         self.queue_events = queue_events
         self.max_replay_s = max_replay_s
         self.max_subscriptions = max_subscriptions
+        self.max_subscriptions_per_token = max_subscriptions_per_token
+        self.cluster = cluster
         self.stats = FeedStats()
         self.port = 0
         self._hub = FeedHub(bootstrap, self.stats)
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:
+        install_reconnect_log_limits()
         await topics.ensure_topics(self.bootstrap, [topics.SPECS[t] for t in FEED_TOPICS])
         await self._hub.start()
         try:
             self._server = grpc.aio.server()
             fpb_grpc.add_EventFeedServicer_to_server(
-                EventFeedService(self._hub, self.auth, self.queue_events, self.max_replay_s, self.max_subscriptions),
+                EventFeedService(self._hub, self.auth, self.queue_events, self.max_replay_s, self.max_subscriptions,
+                                 self.max_subscriptions_per_token, self.cluster),
                 self._server)
             if self.tls:
                 self.port = self._server.add_secure_port(

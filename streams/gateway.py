@@ -21,21 +21,28 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from fabricwatch import metrics
+from fabricwatch.lograte import RateLimitedLogger, install_reconnect_log_limits
 from fabricwatch.netaddr import split_host_port
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.protos.v1 import telemetry_pb2_grpc as pb_grpc
 
 from . import topics
+from .admission import TokenBudgets, TokenLimits
 from .auth import Collector, TokenAuth
 from .decode import pack
+from .kafka_limits import KAFKA_DEFAULT_MAX_MESSAGE_BYTES, snapshot_limit_bytes, topic_max_message_bytes
 from .validate import validate_snapshot
 
 log = logging.getLogger("fabricwatch.gateway")
+# Per-batch warnings (rejections, refused budgets) come at the senders' pace: rate-limited.
+_limited_log = RateLimitedLogger(log)
 MAX_REJECTIONS_IN_ACK = 20
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-# A telemetry record is cut into several above this (Kafka's default limit is 1 MB).
+# A telemetry record is cut into several above this, unless told the broker's limit
+# (`IngestService.max_snapshot_bytes`, from the topic's max.message.bytes).
 MAX_RECORD_BYTES = 900 * 1024
 
 
@@ -187,15 +194,36 @@ class GatewayStats:
     rejected: int = 0
     problems: Counter = field(default_factory=Counter)
     unauthenticated_streams: int = 0
+    resource_exhausted: Counter = field(default_factory=Counter)   # refused batches by bound hit
+    clusters_restamped: int = 0        # snapshots whose own cluster field was replaced by the token's
 
 
 class IngestService(pb_grpc.IngestServicer):
-    def __init__(self, sink: RecordSink, auth: TokenAuth | None = None, cluster: str = "") -> None:
+    """Validates and writes collector batches; who may send what is decided here.
+
+    Everything a snapshot says about itself is bound to its sender's token: its source and
+    the node of each rank step must match the token's globs, and its cluster is the
+    token's ``cluster:`` (else the gateway's `cluster`), never the snapshot's own field.
+    A snapshot that would not fit in one Kafka record (`max_snapshot_bytes`, from the
+    broker's ``max.message.bytes`` at start) is refused alone, so its batch is acked and
+    the others are written once. Per token, `TokenBudgets` bounds batches and bytes in flight.
+
+    `add_to_server` registers the RPCs with raw-bytes requests, so that a batch is parsed
+    only after its token is known and its size admitted; the generated servicer methods
+    (`Stream`, `Send`) work too, for callers that register the service themselves.
+    """
+
+    def __init__(self, sink: RecordSink, auth: TokenAuth | None = None, cluster: str = "", *,
+                 limits: TokenLimits = TokenLimits(),
+                 max_snapshot_bytes: int = snapshot_limit_bytes(KAFKA_DEFAULT_MAX_MESSAGE_BYTES)) -> None:
         self.sink = sink
         self.auth = auth
         self.cluster = cluster
+        self.max_snapshot_bytes = max_snapshot_bytes
+        self.budgets = TokenBudgets(limits)
         self.stats = GatewayStats()
 
+    # -- who is calling -------------------------------------------------------------------
     def _identify(self, context: grpc.aio.ServicerContext) -> Collector | None:
         if self.auth is None:
             return None
@@ -209,24 +237,115 @@ class IngestService(pb_grpc.IngestServicer):
         metrics.GATEWAY_UNAUTHENTICATED_STREAMS.inc()
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or unknown collector token")
 
-    async def Stream(self, request_iterator: AsyncIterator[pb.IngestBatch], context) -> AsyncIterator[pb.IngestAck]:
+    async def _caller(self, context) -> Collector | None:
         collector = self._identify(context)
         if self.auth is not None and collector is None:
-            await self._refuse(context)
-            return
+            await self._refuse(context)   # raises: the RPC ends here
+        return collector
+
+    @staticmethod
+    def _budget_key(collector: Collector | None, context) -> str:
+        """Whose budget a call draws on: its token's. Without tokens (a loopback gateway) there
+        is no one to bound apart: only the gateway-wide byte budget applies ("")."""
+        return collector.name if collector is not None else ""
+
+    def cluster_of(self, collector: Collector | None) -> str:
+        """The cluster every snapshot of this caller is stamped with."""
+        return (collector.cluster if collector is not None and collector.cluster else "") or self.cluster
+
+    # -- RPCs -------------------------------------------------------------------------------
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        """Register Stream and Send taking raw bytes: parsed after auth and admission."""
+        # Send is registered as stream-unary (the wire is the same for a unary client): the
+        # handler runs before the request's bytes are read, so a token's reads are admitted first.
+        handlers = {
+            "Stream": grpc.stream_stream_rpc_method_handler(
+                self._stream_raw, request_deserializer=None, response_serializer=pb.IngestAck.SerializeToString),
+            "Send": grpc.stream_unary_rpc_method_handler(
+                self._send_raw, request_deserializer=None, response_serializer=pb.IngestAck.SerializeToString),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("fabricwatch.v1.Ingest", handlers),))
+
+    async def Stream(self, request_iterator: AsyncIterator[pb.IngestBatch], context) -> AsyncIterator[pb.IngestAck]:
+        collector = await self._caller(context)
         async for batch in request_iterator:
-            yield await self.ingest(batch, collector)
+            yield await self._admitted(batch, batch.ByteSize(), collector, context)
 
     async def Send(self, request: pb.IngestBatch, context) -> pb.IngestAck:
-        collector = self._identify(context)
-        if self.auth is not None and collector is None:
-            await self._refuse(context)
-        return await self.ingest(request, collector)
+        collector = await self._caller(context)
+        return await self._admitted(request, request.ByteSize(), collector, context)
 
-    async def ingest(self, batch: pb.IngestBatch, collector: Collector | None) -> pb.IngestAck:
+    async def _stream_raw(self, request_iterator: AsyncIterator[bytes], context) -> AsyncIterator[pb.IngestAck]:
+        collector = await self._caller(context)
+        async for raw in request_iterator:
+            yield await self._admitted(raw, len(raw), collector, context)
+
+    async def _send_raw(self, request_iterator: AsyncIterator[bytes], context) -> pb.IngestAck:
+        collector = await self._caller(context)
+        token = self._budget_key(collector, context)
+        bound = await self.budgets.acquire_read(token)
+        if bound:
+            await self._over_budget(context, token, bound, 0)
+        reading = True
+
+        def admitted(_token: str) -> None:
+            nonlocal reading
+            reading = False
+            self.budgets.release_read(token)
+
+        try:
+            raw = b""
+            async for raw in request_iterator:      # a unary call: exactly one message
+                break
+            # the read slot is held until the batch is admitted: a message read waits in memory
+            # for room only within the token's max_concurrent_reads
+            return await self._admitted(raw, len(raw), collector, context, admitted)
+        finally:
+            if reading:
+                self.budgets.release_read(token)
+
+    async def _admitted(self, batch: pb.IngestBatch | bytes, size: int, collector: Collector | None,
+                        context, on_admitted=None) -> pb.IngestAck:
+        """`ingest` within the caller's token budget; RESOURCE_EXHAUSTED (not acked) past it."""
+        token = self._budget_key(collector, context)
+        bound = await self.budgets.acquire(token, size)
+        if bound:
+            await self._over_budget(context, token, bound, size)
+        if on_admitted is not None:
+            on_admitted(token)
+        try:
+            if isinstance(batch, bytes):
+                try:
+                    batch = pb.IngestBatch.FromString(batch)
+                except DecodeError:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "not an IngestBatch")
+            try:
+                return await self.ingest(batch, collector, size)
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the Kafka write failed: not acked, the sender resends
+                # A short UNAVAILABLE instead of grpc's own traceback per failed stream (a line
+                # storm during a broker outage); the cause is logged, rate-limited.
+                _limited_log.warning("batch not acked, to be resent: %s: %s", type(exc).__name__, str(exc)[:300])
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"not written to Kafka ({type(exc).__name__}); "
+                                                                 "resend later")
+        finally:
+            self.budgets.release(token, size)
+
+    async def _over_budget(self, context, token: str, bound: str, size: int) -> None:
+        self.stats.resource_exhausted[bound] += 1
+        metrics.GATEWAY_RESOURCE_EXHAUSTED.labels(bound).inc()
+        batches, held = self.budgets.in_flight(token)
+        _limited_log.warning("collector %r over its %s bound (%d batches, %d bytes in flight; this one %d bytes): "
+                             "refused, to be resent", token or "(no token)", bound, batches, held, size)
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"too many batches, reads or bytes in flight for this token ({bound}); back off and resend")
+
+    # -- one batch ------------------------------------------------------------------------------
+    async def ingest(self, batch: pb.IngestBatch, collector: Collector | None, size: int | None = None) -> pb.IngestAck:
         # Metrics move once per batch (a batch holds up to 64 snapshots), never per record.
         metrics.GATEWAY_SNAPSHOTS_RECEIVED.inc(len(batch.snapshots))
-        metrics.GATEWAY_RECEIVED_BYTES.inc(batch.ByteSize())
+        metrics.GATEWAY_RECEIVED_BYTES.inc(batch.ByteSize() if size is None else size)
         with metrics.GATEWAY_BATCHES_IN_FLIGHT.track_inprogress():
             ack = await self._ingest(batch, collector)
         metrics.GATEWAY_SNAPSHOTS_ACCEPTED.inc(ack.accepted)
@@ -235,24 +354,35 @@ class IngestService(pb_grpc.IngestServicer):
             metrics.GATEWAY_REJECTED_RECORDS.labels(reason).inc(count)
         return ack
 
+    def _verdict(self, snap: pb.Snapshot, collector: Collector | None, cluster: str,
+                 now_ns: int) -> tuple[bool, list[tuple[str, str]]]:
+        if collector is not None and not collector.may_report(snap.source):
+            return False, [("source_not_allowed", f"collector {collector.name!r} may not report for {snap.source!r}")]
+        if snap.cluster != cluster:
+            if snap.cluster:
+                self.stats.clusters_restamped += 1
+                metrics.GATEWAY_CLUSTERS_RESTAMPED.inc()
+            snap.cluster = cluster          # the token decides the cluster, never the payload
+        try:
+            verdict = validate_snapshot(snap, now_ns, collector.may_report if collector is not None else None)
+        except Exception as exc:  # a validator bug must not make this batch a poison pill
+            log.exception("validation of a snapshot from %r failed", snap.source[:64])
+            return False, [("validation_error", f"{snap.source[:64]!r}: the gateway could not validate it "
+                                                f"({type(exc).__name__})")]
+        if verdict.accepted and snap.ByteSize() > self.max_snapshot_bytes:
+            # Alone it could never be written: refuse it rather than fail the batch at Kafka.
+            return False, [*verdict.problems, ("too_large_for_kafka",
+                                               f"{snap.source}: {snap.ByteSize()} bytes; the broker takes records of "
+                                               f"at most {self.max_snapshot_bytes} bytes")]
+        return verdict.accepted, verdict.problems
+
     async def _ingest(self, batch: pb.IngestBatch, collector: Collector | None) -> pb.IngestAck:
         ack = pb.IngestAck(batch_id=batch.batch_id)
         accepted: list[pb.Snapshot] = []
         now_ns = time.time_ns()
+        cluster = self.cluster_of(collector)
         for index, snap in enumerate(batch.snapshots):
-            if collector is not None and not collector.may_report(snap.source):
-                verdict_ok, problems = False, [("source_not_allowed",
-                                                f"collector {collector.name!r} may not report for {snap.source!r}")]
-            else:
-                if not snap.cluster and self.cluster:
-                    snap.cluster = self.cluster
-                try:
-                    verdict = validate_snapshot(snap, now_ns)
-                    verdict_ok, problems = verdict.accepted, verdict.problems
-                except Exception as exc:  # a validator bug must not make this batch a poison pill
-                    log.exception("validation of a snapshot from %r failed", snap.source[:64])
-                    detail = f"{snap.source[:64]!r}: the gateway could not validate it ({type(exc).__name__})"
-                    verdict_ok, problems = False, [("validation_error", detail)]
+            verdict_ok, problems = self._verdict(snap, collector, cluster, now_ns)
             for reason, detail in problems:
                 ack.problems_by_reason[reason] += 1
                 self.stats.problems[reason] += 1
@@ -264,7 +394,16 @@ class IngestService(pb_grpc.IngestServicer):
             ack.accepted += 1
             ack.dropped_parts += len(problems)
             accepted.append(snap)
-        records = split_records(accepted, now_ns)
+        too_big: list[pb.Snapshot] = []
+        records = split_records(accepted, now_ns, self.max_snapshot_bytes, too_big)
+        for snap in too_big:                     # its counters, packed fixed-width, outgrew the limit
+            ack.accepted -= 1
+            ack.rejected += 1
+            ack.problems_by_reason["too_large_for_kafka"] += 1
+            self.stats.problems["too_large_for_kafka"] += 1
+            if len(ack.rejections) < MAX_REJECTIONS_IN_ACK:
+                ack.rejections.add(index=list(batch.snapshots).index(snap), reason="too_large_for_kafka",
+                                   detail=f"{snap.source}: packed above the broker's {self.max_snapshot_bytes} bytes")
         if records:
             started = time.perf_counter()
             try:
@@ -276,17 +415,19 @@ class IngestService(pb_grpc.IngestServicer):
         self.stats.accepted += ack.accepted
         self.stats.rejected += ack.rejected
         if ack.rejected or ack.dropped_parts:
-            log.warning("batch %d: %d accepted, %d rejected, problems %s", batch.batch_id, ack.accepted,
-                        ack.rejected, dict(ack.problems_by_reason),
-                        extra={"batch_id": batch.batch_id, "collector": collector.name if collector else "",
-                               "problems": dict(ack.problems_by_reason)})
+            _limited_log.warning("batch %d: %d accepted, %d rejected, problems %s", batch.batch_id, ack.accepted,
+                                 ack.rejected, dict(ack.problems_by_reason),
+                                 extra={"batch_id": batch.batch_id, "collector": collector.name if collector else "",
+                                        "problems": dict(ack.problems_by_reason)})
         return ack
 
 
-def split_records(snaps: list[pb.Snapshot], received_ns: int = 0) -> list[tuple[str, bytes, bytes]]:
+def split_records(snaps: list[pb.Snapshot], received_ns: int = 0, max_record_bytes: int = MAX_RECORD_BYTES,
+                  refused: list[pb.Snapshot] | None = None) -> list[tuple[str, bytes, bytes]]:
     """A batch's validated snapshots as Kafka records: per source its ticks (rank steps
-    removed) in one `SourceRecord` or a few, cut below `MAX_RECORD_BYTES`; per job its rank
-    steps in one carrier `Snapshot`."""
+    removed) in one `SourceRecord` or a few, each at most ``max_record_bytes``; per job its
+    rank steps in one carrier `Snapshot` or a few. A tick too big for a record alone (its
+    counters packed fixed-width) is left out and appended to ``refused``."""
     records: list[tuple[str, bytes, bytes]] = []
     by_source: dict[str, list[pb.Snapshot]] = {}
     by_job: dict[str, list[pb.RankStep]] = {}
@@ -299,23 +440,31 @@ def split_records(snaps: list[pb.Snapshot], received_ns: int = 0) -> list[tuple[
             by_source.setdefault(snap.source, []).append(snap)
     for source, ticks in by_source.items():
         ticks.sort(key=lambda s: s.time_unix_ns)
-        for part in _packed(ticks, received_ns):
+        for part in _cut(ticks, lambda part: pack(part, received_ns).SerializeToString(), max_record_bytes, refused):
             records.append((topics.TELEMETRY, source.encode(), part))
     for job_id, steps in by_job.items():
         first = carrier_of[job_id]
-        carrier = pb.Snapshot(cluster=first.cluster, source=first.source, source_kind=first.source_kind,
-                              time_unix_ns=first.time_unix_ns, seq=first.seq, rank_steps=steps)
-        records.append((topics.RANK_STEPS, job_id.encode(), carrier.SerializeToString()))
+
+        def carrier(part: list[pb.RankStep], first: pb.Snapshot = first) -> bytes:
+            return pb.Snapshot(cluster=first.cluster, source=first.source, source_kind=first.source_kind,
+                               time_unix_ns=first.time_unix_ns, seq=first.seq, rank_steps=part).SerializeToString()
+
+        for part in _cut(steps, carrier, max_record_bytes, None):
+            records.append((topics.RANK_STEPS, job_id.encode(), part))
     return records
 
 
-def _packed(ticks: list[pb.Snapshot], received_ns: int) -> list[bytes]:
-    """One record of these ticks, or several of consecutive ticks where one would be too big."""
-    data = pack(ticks, received_ns).SerializeToString()
-    if len(data) <= MAX_RECORD_BYTES or len(ticks) == 1:
+def _cut(items: list, encode, max_bytes: int, refused: list | None) -> list[bytes]:
+    """One record of these items, or several of consecutive items where one would be too big."""
+    data = encode(items)
+    if len(data) <= max_bytes:
         return [data]
-    half = len(ticks) // 2
-    return _packed(ticks[:half], received_ns) + _packed(ticks[half:], received_ns)
+    if len(items) == 1:
+        if refused is not None:
+            refused.append(items[0])
+        return []
+    half = len(items) // 2
+    return _cut(items[:half], encode, max_bytes, refused) + _cut(items[half:], encode, max_bytes, refused)
 
 
 def server_credentials(cert_path: str, key_path: str, client_ca_path: str | None = None) -> grpc.ServerCredentials:
@@ -339,19 +488,23 @@ async def serve(
     client_ca: str | None = None,
     auth: TokenAuth | None = None,
     cluster: str = "",
+    limits: TokenLimits = TokenLimits(),
     ready: asyncio.Event | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
     """Run the gateway until `stop` is set (or forever)."""
+    install_reconnect_log_limits()
     await topics.ensure_topics(bootstrap, topics.ALL_TOPICS)
+    max_message_bytes = await topic_max_message_bytes(bootstrap, (topics.TELEMETRY, topics.RANK_STEPS))
     sink = KafkaSink(bootstrap)
     await sink.start()
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ])
-    service = IngestService(sink, auth, cluster)
-    pb_grpc.add_IngestServicer_to_server(service, server)
+    service = IngestService(sink, auth, cluster, limits=limits,
+                            max_snapshot_bytes=snapshot_limit_bytes(max_message_bytes))
+    service.add_to_server(server)
     if tls:
         port = server.add_secure_port(listen, server_credentials(tls[0], tls[1], client_ca))
     else:
@@ -359,8 +512,8 @@ async def serve(
     if port == 0:
         raise OSError(f"cannot listen on {listen}")
     await server.start()
-    log.info("gateway listening on %s (%s, %s), writing to %s", listen, "TLS" if tls else "plaintext",
-             "token auth" if auth else "no auth", bootstrap)
+    log.info("gateway listening on %s (%s, %s), writing to %s (records of at most %d bytes)", listen,
+             "TLS" if tls else "plaintext", "token auth" if auth else "no auth", bootstrap, max_message_bytes)
     if ready is not None:
         ready.set()
     try:

@@ -2,6 +2,12 @@
 
 Thin on purpose: the decisions are made by `Responder` (pure); this module moves records.
 
+Alerts never hold up actions: the loop hands each alert to `AlertDispatcher`, whose
+per-sink queues send at each sink's pace outside the loop (bounded backlog, drop counter),
+so a slow or rate-limited sink can neither delay a drain nor keep the consumer from
+polling until the group evicts it. The outcome (ALERTED / ALERT_FAILED) is audited when
+every sink has answered.
+
 Delivery: anomalies are consumed in a consumer group with manual commits after each batch
 is fully handled, so a crash redelivers the batch. Redelivered anomalies map to the same
 idempotency keys, which the responder finds in its ledger; the ledger is rebuilt from the
@@ -22,7 +28,9 @@ from pathlib import Path
 
 from fabricwatch import metrics
 from fabricwatch.actions.alerts.base import AlertSink, SendResult
+from fabricwatch.actions.alerts.dispatch import AlertDispatcher
 from fabricwatch.actions.alerts.message import alert_from_anomaly
+from fabricwatch.lograte import install_reconnect_log_limits
 from fabricwatch.actions.base import ALERT, FAILED, Executor, ExecutionResult
 from fabricwatch.actions.policy import Policy, load_policy
 from fabricwatch.actions.responder import Decision, Responder
@@ -44,7 +52,7 @@ EXECUTOR_DEADLINE_S = 120.0  # on top of each executor's own per-command timeout
 
 _GUARD_OF = {ev.OUTCOME_REFUSED_KILL_SWITCH: "kill_switch", ev.OUTCOME_REFUSED_BREAKER: "blast_radius",
              ev.OUTCOME_SKIPPED_COOLDOWN: "cooldown", ev.OUTCOME_SKIPPED_DUPLICATE: "idempotency",
-             ev.OUTCOME_REFUSED_FLAPPING: "flap_memory"}
+             ev.OUTCOME_REFUSED_FLAPPING: "flap_memory", ev.OUTCOME_REFUSED_STALE: "max_anomaly_age"}
 # Outcomes that go to the actions topic as well: what was (or would have been) done.
 _ACTION_OUTCOMES = (ev.OUTCOME_SHADOW, ev.OUTCOME_EXECUTED, ev.OUTCOME_FAILED)
 
@@ -85,6 +93,7 @@ def describe(record: ev.ActionDecision) -> str:
         ev.OUTCOME_NOT_APPLICABLE: "not applicable",
         ev.OUTCOME_REFUSED_FLAPPING: "refused: target flaps, left for a human",
         ev.OUTCOME_UNKNOWN: "outcome unknown (restart)",
+        ev.OUTCOME_REFUSED_STALE: "refused: anomaly too old to act on, needs a human",
     }.get(record.outcome, ev.Outcome.Name(record.outcome))
     detail = f" - {record.reason}" if record.reason and record.outcome != ev.OUTCOME_SHADOW else ""
     return f"{record.action} {_target_path(record) or record.anomaly_dedup_key}: {outcome}{detail}"
@@ -100,7 +109,8 @@ def _log_decision(record: ev.ActionDecision) -> None:
 
 class ResponderService:
     def __init__(self, bootstrap: str, responder: Responder, executors: Mapping[str, Executor],
-                 sinks: Sequence[AlertSink], *, group_id: str = GROUP_ID, dashboard_url: str = ""):
+                 sinks: Sequence[AlertSink], *, group_id: str = GROUP_ID, dashboard_url: str = "",
+                 alert_backlog: Mapping[str, int] | None = None):
         self.bootstrap = bootstrap
         self.responder = responder
         self.executors = dict(executors)   # action kind -> executor
@@ -108,18 +118,20 @@ class ResponderService:
         self.group_id = group_id
         self.dashboard_url = dashboard_url
         self.stats = ResponderStats()
+        self.alerts = AlertDispatcher(self.sinks, self._alert_done, dict(alert_backlog or {}))
         self._producer = None
-        self._last_event: dict[str, ev.AnomalyEvent] = {}   # dedup key -> latest event, for alert text
         self._ready = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
         from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+        install_reconnect_log_limits()
         await topics.ensure_topics(self.bootstrap, topics.ALL_TOPICS)
         self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True,
                                           linger_ms=0)
         await self._producer.start()
         consumer = None
+        self.alerts.start()
         try:
             await self._restore()
             consumer = AIOKafkaConsumer(topics.ANOMALIES, bootstrap_servers=self.bootstrap, group_id=self.group_id,
@@ -132,7 +144,7 @@ class ResponderService:
                 batches = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS)
                 for records in batches.values():
                     for record in records:
-                        await self._on_record(record.value)
+                        await self._on_record(record.value, record.timestamp * 1_000_000)
                 if batches:
                     await consumer.commit()
                 if time.monotonic() >= next_tick:
@@ -141,6 +153,7 @@ class ResponderService:
         finally:
             if consumer is not None:
                 await consumer.stop()
+            await self.alerts.stop()     # a few seconds to send what is queued, then audited as it stands
             await self._producer.stop()
 
     async def wait_ready(self, timeout_s: float = 60.0) -> None:
@@ -186,7 +199,7 @@ class ResponderService:
             log.warning("restored responder state from %d audit records", len(records))
 
     # -- anomalies -------------------------------------------------------------------------------
-    async def _on_record(self, raw: bytes | None) -> None:
+    async def _on_record(self, raw: bytes | None, received_ns: int = 0) -> None:
         try:
             event = ev.AnomalyEvent.FromString(raw or b"")
         except Exception:  # noqa: BLE001 - protobuf raises DecodeError and others
@@ -198,18 +211,15 @@ class ResponderService:
             log.warning("anomaly without dedup_key/kind skipped (id=%r)", event.id)
             return
         self.stats.anomalies += 1
-        self._last_event[event.dedup_key] = event
-        decisions = self.responder.on_anomaly(event, time.time_ns())
+        decisions = self.responder.on_anomaly(event, time.time_ns(), received_ns)
         # actions first, so that the alert can say what was done (or would have been)
         done = [await self._carry_out(d) for d in decisions if not d.alert and d.record.action != ALERT]
         lines = [describe(r) for r in done if r.outcome != ev.OUTCOME_SKIPPED_DUPLICATE]
         for decision in decisions:
             if decision.alert:
-                await self._send_alert(decision, event, lines)
+                await self._queue_alert(decision, event, lines)
             elif decision.record.action == ALERT:   # a duplicate alert: audited, not sent
                 await self._audit(decision.record)
-        if event.lifecycle == ev.LIFECYCLE_RESOLVED:
-            self._last_event.pop(event.dedup_key, None)
 
     async def _carry_out(self, decision: Decision) -> ev.ActionDecision:
         await self._audit(decision.record)
@@ -229,17 +239,12 @@ class ResponderService:
         _log_decision(record)
         return record
 
-    async def _send_alert(self, decision: Decision, event: ev.AnomalyEvent, lines: list[str]) -> None:
-        alert = alert_from_anomaly(event, lines, self.dashboard_url)
-        results = []
-        for sink in self.sinks:
-            try:
-                result = await sink.send(alert)
-            except Exception as exc:  # noqa: BLE001 - a sink must not stop the responder
-                log.warning("alert sink %s raised: %s", sink.name, exc)
-                result = SendResult(ok=False, detail=f"{type(exc).__name__}: {exc}")
-            results.append((sink.name, result))
-            metrics.ALERTS_SENT.labels(sink.name, "ok" if result.ok else "failed").inc()
+    async def _queue_alert(self, decision: Decision, event: ev.AnomalyEvent, lines: list[str]) -> None:
+        """Hand the alert to the sinks' queues; its outcome is audited by `_alert_done`."""
+        self.responder.alert_queued(decision)
+        await self.alerts.submit(alert_from_anomaly(event, lines, self.dashboard_url), decision)
+
+    async def _alert_done(self, decision: Decision, results: list[tuple[str, SendResult]]) -> None:
         ok = bool(results) and all(r.ok for _, r in results)
         detail = "; ".join(f"{name}: {'ok' if r.ok else 'failed'} {r.detail}"[:300] for name, r in results) \
             or "no alert sinks configured"
@@ -248,13 +253,8 @@ class ResponderService:
         await self._audit(record)
 
     async def _tick(self) -> None:
-        now_ns = time.time_ns()
-        for sink in self.sinks:
-            try:
-                await sink.tick(now_ns)
-            except Exception as exc:  # noqa: BLE001
-                log.warning("alert sink %s tick raised: %s", sink.name, exc)
-        for decision in self.responder.due_undos(now_ns):
+        # The sinks' own ticks (Alertmanager re-sends) run in their queues, off this loop.
+        for decision in self.responder.due_undos(time.time_ns()):
             await self._carry_out(decision)
 
     async def _audit(self, record: ev.ActionDecision) -> None:
@@ -310,15 +310,20 @@ def check_command(args) -> int:
         print(f"  {rule.name}: {', '.join(rule.actions)}")
     print(f"  executors: {', '.join(f'{a}->{n}' for a, n in sorted(backends.executor_names().items())) or 'none'}")
     print(f"  alert sinks: {', '.join(s.name for s in backends.sinks) or 'none'}")
-    print(f"  blast radius: {policy.guards.breaker.limit} targets per {policy.guards.breaker.window_s:g} s")
+    breaker = policy.guards.breaker
+    print(f"  blast radius per executor domain and {breaker.window_s:g} s: {breaker.limit} nodes, "
+          f"{breaker.max_jobs_restarted} jobs, {breaker.max_ports_isolated} ports")
+    print(f"  domains: {', '.join(sorted(set(backends.executor_domains().values()))) or 'none'}")
+    print(f"  acts only on anomalies younger than {policy.guards.max_anomaly_age_s:g} s")
     return 0
 
 
 def run_command(args) -> int:
     policy, backends = load(args.policy)
-    responder = Responder(policy, backends.executor_names())
+    responder = Responder(policy, backends.executor_names(), backends.executor_domains())
     service = ResponderService(args.broker, responder, backends.executors, backends.sinks,
-                               group_id=args.group_id, dashboard_url=policy.dashboard_url)
+                               group_id=args.group_id, dashboard_url=policy.dashboard_url,
+                               alert_backlog=backends.alert_backlog)
     log.warning("responder: mode %s, executes %s", policy.mode, sorted(policy.execute) or "nothing (shadow)")
 
     async def main() -> None:

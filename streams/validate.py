@@ -4,14 +4,22 @@ A snapshot is refused whole only when nothing in it can be trusted (no source, a
 timestamp, too big). Otherwise the broken parts are dropped and the rest is kept: a block
 whose value count does not match its entities x columns, an entity with a bad or repeated
 id, a label column of the wrong length, an out-of-range or infinite gauge (set to NaN,
-i.e. "not read"), a rank step with impossible timings. Every problem has a
-reason code, counted by the gateway and returned to the sender.
+i.e. "not read"), a rank step with impossible timings, an absurd step number or world
+size, a start time outside the gateway's clock window, or a node its sender may not
+report for. Every problem has a reason code, counted by the gateway and returned to the
+sender.
+
+Every check is linear in the size of the input (sets, never list scans inside loops):
+one snapshot's validation must never stall the gateway for the other collectors. The
+caches (layouts seen before, gauge bounds) are bounded in entries and in bytes, because
+their keys are chosen by the sender.
 """
 from __future__ import annotations
 
 import math
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,8 +32,14 @@ MAX_ENTITIES_PER_BLOCK = 4096
 MAX_COLUMNS = 2048
 MAX_RANK_STEPS = 4096
 MAX_EVENTS = 4096
+MAX_LABEL_COLUMNS = 64           # rate, state, phys_state, link_layer, netdev, uuid, bdf, ...: a handful
 MAX_NAME_LEN = 253
 MAX_LABEL_LEN = 1024
+MAX_EVENT_DETAIL_LEN = 1024
+# Rank steps: the largest jobs run ~10^5 ranks for ~10^7 steps; a node has at most a few dozen GPUs.
+MAX_WORLD_SIZE = 1 << 20
+MAX_STEP_NUMBER = 1 << 40
+MAX_LOCAL_GPU = 255
 # Event time must be within this window around the gateway's clock (clock skew, replays).
 MAX_FUTURE_SKEW_NS = 5 * 60 * 10**9
 MAX_AGE_NS = 7 * 24 * 3600 * 10**9
@@ -52,8 +66,13 @@ _ANY_FINITE = (-1.7976931348623157e308, 1.7976931348623157e308)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+=-]*$")
 _VALID_ENTITY_KINDS = {pb.ENTITY_KIND_GPU, pb.ENTITY_KIND_NIC_PORT, pb.ENTITY_KIND_SWITCH_PORT}
 _BOUNDS_CACHE: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
+MAX_CACHED_BOUNDS = 4096
 _GOOD_LAYOUTS: set[tuple] = set()
 MAX_CACHED_LAYOUTS = 200_000
+# Layout keys hold every entity id and column name: bound their bytes too (a fleet of
+# 20k sources x ~2 KB of names fits; fresh ids from one sender cannot grow it past this).
+MAX_CACHED_LAYOUT_BYTES = 64 * 1024 * 1024
+_layout_cache_bytes = 0
 _VALID_SOURCE_KINDS = {pb.SOURCE_KIND_NODE, pb.SOURCE_KIND_SWITCH}
 
 
@@ -73,8 +92,12 @@ def _bad_name(name: str) -> bool:
     return not name or len(name) > MAX_NAME_LEN or not _NAME.match(name)
 
 
-def validate_snapshot(snap: pb.Snapshot, now_ns: int) -> Verdict:
-    """Check `snap` in place: drop invalid parts, or refuse it (``accepted=False``)."""
+def validate_snapshot(snap: pb.Snapshot, now_ns: int, may_report: Callable[[str], bool] | None = None) -> Verdict:
+    """Check `snap` in place: drop invalid parts, or refuse it (``accepted=False``).
+
+    `may_report` says whether the sender may report for a node (its token's globs); a rank
+    step for any other node is dropped (``rank_step_not_allowed``). None: no token, any name.
+    """
     v = Verdict(accepted=False)
     if _bad_name(snap.source):
         v.problem("bad_source", f"source {snap.source[:64]!r} is empty or not a host/switch name")
@@ -85,7 +108,7 @@ def validate_snapshot(snap: pb.Snapshot, now_ns: int) -> Verdict:
     if snap.source_kind not in _VALID_SOURCE_KINDS:
         v.problem("bad_source_kind", f"{snap.source}: source_kind {snap.source_kind} is not NODE or SWITCH")
         return v
-    if not (now_ns - MAX_AGE_NS <= snap.time_unix_ns <= now_ns + MAX_FUTURE_SKEW_NS):
+    if not _in_clock_window(snap.time_unix_ns, now_ns):
         v.problem("timestamp_out_of_range",
                   f"{snap.source}: time {snap.time_unix_ns} ns is more than 5 min ahead of or 7 days behind the gateway")
         return v
@@ -95,9 +118,13 @@ def validate_snapshot(snap: pb.Snapshot, now_ns: int) -> Verdict:
         return v
     v.accepted = True
     _validate_blocks(snap, v)
-    _validate_rank_steps(snap, v)
-    _validate_events(snap, v)
+    _validate_rank_steps(snap, v, now_ns, may_report)
+    _validate_events(snap, v, now_ns)
     return v
+
+
+def _in_clock_window(t_ns: int, now_ns: int) -> bool:
+    return now_ns - MAX_AGE_NS <= t_ns <= now_ns + MAX_FUTURE_SKEW_NS
 
 
 def _validate_blocks(snap: pb.Snapshot, v: Verdict) -> None:
@@ -123,8 +150,8 @@ def _validate_blocks(snap: pb.Snapshot, v: Verdict) -> None:
             continue
         _validate_label_columns(snap, block, n, v)
         if not seen_ids.isdisjoint((block.entity_kind, eid) for eid in block.entity_ids):
-            dup = [i for i, eid in enumerate(block.entity_ids) if (block.entity_kind, eid) in seen_ids]
-            for i in dup:
+            dup = {i for i, eid in enumerate(block.entity_ids) if (block.entity_kind, eid) in seen_ids}
+            for i in sorted(dup):
                 v.problem("bad_entity_id", f"{snap.source}: entity id {block.entity_ids[i][:64]!r} repeated")
             _drop_rows(block, [i for i in range(n) if i not in dup], snap, v)
         seen_ids.update((block.entity_kind, eid) for eid in block.entity_ids)
@@ -156,31 +183,50 @@ def _check_layout(snap: pb.Snapshot, block: pb.CounterBlock, layout: tuple, v: V
         v.problem("bad_column_names", f"{snap.source}: block with empty, overlong or repeated column names dropped")
         return False
     seen: set[str] = set()
-    bad_rows = []
+    bad_rows: set[int] = set()
     for i, eid in enumerate(ids):
         if _bad_name(eid) or eid in seen:
-            bad_rows.append(i)
+            bad_rows.add(i)
             v.problem("bad_entity_id", f"{snap.source}: entity id {eid[:64]!r} empty, malformed or repeated")
         seen.add(eid)
     if bad_rows:
         if len(block.counters) == len(ids) * len(counter_names) and len(block.gauges) == len(ids) * len(gauge_names):
             _drop_rows(block, [i for i in range(len(ids)) if i not in bad_rows], snap, v)
         return True
-    if len(_GOOD_LAYOUTS) >= MAX_CACHED_LAYOUTS:
-        _GOOD_LAYOUTS.clear()
-    _GOOD_LAYOUTS.add(layout)
+    _remember_layout(layout)
     return True
 
 
+def _remember_layout(layout: tuple) -> None:
+    global _layout_cache_bytes
+    size = sum(map(len, layout[1])) + sum(map(len, layout[2])) + sum(map(len, layout[3])) + 64
+    if len(_GOOD_LAYOUTS) >= MAX_CACHED_LAYOUTS or _layout_cache_bytes + size > MAX_CACHED_LAYOUT_BYTES:
+        _GOOD_LAYOUTS.clear()     # start over: the cache only saves time, never decides anything
+        _layout_cache_bytes = 0
+    _GOOD_LAYOUTS.add(layout)
+    _layout_cache_bytes += size
+
+
 def _validate_label_columns(snap: pb.Snapshot, block: pb.CounterBlock, n: int, v: Verdict) -> None:
-    names = [col.name for col in block.labels]
-    bad = {j for j, col in enumerate(block.labels)
-           if len(col.values) != n or not col.name or len(col.name) > MAX_NAME_LEN or col.name in names[:j]
-           or max(map(len, col.values), default=0) > MAX_LABEL_LEN}
-    for j in sorted(bad, reverse=True):
+    """Drop label columns that are malformed, repeated or past MAX_LABEL_COLUMNS; linear in their size."""
+    excess = len(block.labels) - MAX_LABEL_COLUMNS
+    if excess > 0:
+        v.problem("too_many_label_columns", f"{snap.source}: {len(block.labels)} label columns in one block; "
+                                            f"the {excess} past the limit of {MAX_LABEL_COLUMNS} dropped")
+        del block.labels[MAX_LABEL_COLUMNS:]
+    seen: set[str] = set()
+    bad = []
+    for j, col in enumerate(block.labels):
+        if len(col.values) != n or not col.name or len(col.name) > MAX_NAME_LEN or col.name in seen \
+                or max(map(len, col.values), default=0) > MAX_LABEL_LEN:
+            bad.append(j)
+        seen.add(col.name)
+    if not bad:
+        return
+    for j in bad:
         v.problem("bad_label_column", f"{snap.source}: label column {block.labels[j].name[:64]!r} with "
                                       f"{len(block.labels[j].values)} values for {n} entities dropped")
-        del block.labels[j]
+    _keep_repeated(block.labels, set(bad), pb.LabelColumn)
 
 
 def _drop_rows(block: pb.CounterBlock, keep: list[int], snap: pb.Snapshot, v: Verdict) -> None:
@@ -206,6 +252,16 @@ def _drop_rows(block: pb.CounterBlock, keep: list[int], snap: pb.Snapshot, v: Ve
         block.labels.add(name=name, values=values)
 
 
+def _keep_repeated(field_value, drop: set[int], message_type) -> None:
+    """Remove the items at positions `drop` from a repeated message field in one pass
+    (``del field[i]`` one at a time is quadratic)."""
+    kept = [message_type() for i in range(len(field_value)) if i not in drop]
+    for dst, src in zip(kept, (item for i, item in enumerate(field_value) if i not in drop)):
+        dst.CopyFrom(src)
+    del field_value[:]
+    field_value.extend(kept)
+
+
 def _gauge_bounds(names) -> tuple[np.ndarray, np.ndarray]:
     lo = np.array([GAUGE_RANGES.get(n, _ANY_FINITE)[0] for n in names], dtype=np.float64)
     hi = np.array([GAUGE_RANGES.get(n, _ANY_FINITE)[1] for n in names], dtype=np.float64)
@@ -217,6 +273,8 @@ def _clean_gauges(snap: pb.Snapshot, block: pb.CounterBlock, v: Verdict) -> None
     names = tuple(block.gauge_names)
     bounds = _BOUNDS_CACHE.get(names)
     if bounds is None:
+        if len(_BOUNDS_CACHE) >= MAX_CACHED_BOUNDS:   # keys are the sender's column names
+            _BOUNDS_CACHE.clear()
         bounds = _BOUNDS_CACHE[names] = _gauge_bounds(names)
     lo, hi = bounds
     values = np.array(block.gauges, dtype=np.float64).reshape(len(block.entity_ids), len(names))
@@ -234,29 +292,53 @@ def _clean_gauges(snap: pb.Snapshot, block: pb.CounterBlock, v: Verdict) -> None
             v.problem("gauge_out_of_range", f"{where}: {names[j]}={value:g} outside [{lo[j]:g}, {hi[j]:g}] (wrong unit?)")
 
 
-def _validate_rank_steps(snap: pb.Snapshot, v: Verdict) -> None:
-    keep = []
-    for rs in snap.rank_steps:
-        timings = (rs.step_seconds, rs.busy_seconds, rs.collective_wait_seconds)
-        if _bad_name(rs.job_id):
-            v.problem("bad_rank_step", f"{snap.source}: rank step with job id {rs.job_id[:64]!r} dropped")
-        elif rs.world_size == 0 or rs.rank >= rs.world_size:
-            v.problem("bad_rank_step", f"{snap.source}: rank {rs.rank} outside world size {rs.world_size}")
-        elif not all(math.isfinite(t) and 0 <= t <= MAX_STEP_SECONDS for t in timings):
-            v.problem("bad_rank_step", f"{snap.source}: job {rs.job_id} rank {rs.rank} step {rs.step}: "
-                                       f"timings {timings} not finite, negative or over a day")
+def _rank_step_problem(rs: pb.RankStep, now_ns: int, may_report: Callable[[str], bool] | None) -> tuple[str, str]:
+    """(reason, detail) for a rank step that must be dropped, or ("", "")."""
+    timings = (rs.step_seconds, rs.busy_seconds, rs.collective_wait_seconds)
+    if _bad_name(rs.job_id):
+        return "bad_rank_step", f"rank step with job id {rs.job_id[:64]!r} dropped"
+    where = f"job {rs.job_id} rank {rs.rank}"
+    if rs.world_size == 0 or rs.world_size > MAX_WORLD_SIZE or rs.rank >= rs.world_size:
+        return "bad_rank_step", f"{where}: rank outside world size {rs.world_size} (at most {MAX_WORLD_SIZE})"
+    if not all(math.isfinite(t) and 0 <= t <= MAX_STEP_SECONDS for t in timings):
+        return "bad_rank_step", f"{where} step {rs.step}: timings {timings} not finite, negative or over a day"
+    if rs.step > MAX_STEP_NUMBER or rs.local_gpu > MAX_LOCAL_GPU:
+        return "bad_rank_step", f"{where}: step {rs.step} or local GPU {rs.local_gpu} is absurd"
+    end_ns = rs.start_unix_ns + int(rs.step_seconds * 1e9)
+    if not (_in_clock_window(rs.start_unix_ns, now_ns) and end_ns <= now_ns + MAX_FUTURE_SKEW_NS):
+        return "rank_step_time_out_of_range", (f"{where} step {rs.step}: start {rs.start_unix_ns} ns is more than "
+                                               f"5 min ahead of or 7 days behind the gateway")
+    if _bad_name(rs.node):
+        return "bad_rank_step", f"{where}: node {rs.node[:64]!r} is empty or not a host name"
+    if may_report is not None and not may_report(rs.node):
+        return "rank_step_not_allowed", f"{where}: the sender may not report for node {rs.node[:64]!r}"
+    return "", ""
+
+
+def _validate_rank_steps(snap: pb.Snapshot, v: Verdict, now_ns: int,
+                         may_report: Callable[[str], bool] | None) -> None:
+    drop = set()
+    for i, rs in enumerate(snap.rank_steps):
+        reason, detail = _rank_step_problem(rs, now_ns, may_report)
+        if reason:
+            v.problem(reason, f"{snap.source}: {detail}")
+            drop.add(i)
+    if drop:
+        _keep_repeated(snap.rank_steps, drop, pb.RankStep)
+
+
+def _validate_events(snap: pb.Snapshot, v: Verdict, now_ns: int) -> None:
+    drop = set()
+    for i, event in enumerate(snap.events):
+        if _bad_name(event.entity_id) or _bad_name(event.kind):
+            v.problem("bad_event", f"{snap.source}: device event without a valid entity or kind dropped")
+        elif event.time_unix_ns and not _in_clock_window(event.time_unix_ns, now_ns):
+            v.problem("bad_event", f"{snap.source}: device event at {event.time_unix_ns} ns is outside the "
+                                   "gateway's clock window")
+        elif len(event.detail) > MAX_EVENT_DETAIL_LEN:
+            v.problem("bad_event", f"{snap.source}: device event detail of {len(event.detail)} characters")
         else:
-            keep.append(rs)
-    if len(keep) != len(snap.rank_steps):
-        kept = [pb.RankStep() for _ in keep]
-        for dst, src in zip(kept, keep):
-            dst.CopyFrom(src)
-        del snap.rank_steps[:]
-        snap.rank_steps.extend(kept)
-
-
-def _validate_events(snap: pb.Snapshot, v: Verdict) -> None:
-    bad = [i for i, ev in enumerate(snap.events) if _bad_name(ev.entity_id) or not ev.kind]
-    for i in reversed(bad):
-        v.problem("bad_event", f"{snap.source}: device event without entity or kind dropped")
-        del snap.events[i]
+            continue
+        drop.add(i)
+    if drop:
+        _keep_repeated(snap.events, drop, pb.DeviceEvent)

@@ -52,7 +52,7 @@ def fault_scenario(cluster: str, nodes: int = 16, seconds: int = 36, seed: int =
     result = replay([type(s).FromString(s.SerializeToString()) for s in snapshots],
                     DetectionPipeline(DetectionConfig(), topo))
     for snap in snapshots:
-        scenario.records += split_records(snap)
+        scenario.records += split_records([snap], snap.time_unix_ns)
     scenario.events = result.events
     scenario.records += [(topics.ANOMALIES, e.dedup_key.encode(), e.SerializeToString()) for e in result.events]
     storm, down = scenario.first("pfc_storm"), scenario.first("link_downgrade")

@@ -78,16 +78,18 @@ class RecordingSink:
 
     def snapshots(self):
         """The snapshots of every telemetry record written, in order."""
-        return telemetry_snapshots(self.records)
+        from fabricwatch.streams import topics
+
+        return [snap for t, k, v in self.records if t == topics.TELEMETRY for snap in telemetry_snapshots(v)]
 
 
-def telemetry_snapshots(records) -> list:
-    """Snapshots of the telemetry-topic records among (topic, key, value) triples."""
+
+def telemetry_snapshots(value: bytes) -> list[pb.Snapshot]:
+    """The snapshots (ticks) of one telemetry-topic record, a `SourceRecord`."""
     from fabricwatch.protos.v1 import records_pb2 as rec
-    from fabricwatch.streams import topics
     from fabricwatch.streams.decode import unpack
 
-    return [s for t, k, v in records if t == topics.TELEMETRY for s in unpack(rec.SourceRecord.FromString(v))]
+    return list(unpack(rec.SourceRecord.FromString(value)))
 
 
 def telemetry_value(*snaps) -> bytes:
@@ -106,28 +108,28 @@ def free_port() -> int:
 
 
 async def start_server(service, port):
-    """The real gRPC ingest server around `service`, on 127.0.0.1:port, plaintext."""
+    """The real gRPC ingest server around `service`, on 127.0.0.1:port, plaintext, registered as
+    the gateway registers it (raw requests, parsed after auth and admission)."""
     import grpc
 
-    from fabricwatch.protos.v1 import telemetry_pb2_grpc as pb_grpc
-
     server = grpc.aio.server()
-    pb_grpc.add_IngestServicer_to_server(service, server)
+    service.add_to_server(server)
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     return server
 
 
 @contextlib.asynccontextmanager
-async def running_gateway(bootstrap: str, port: int | None = None, cluster: str = "it"):
-    """The real gateway (`streams.gateway.serve`) in this process on 127.0.0.1; yields host:port."""
+async def running_gateway(bootstrap: str, port: int | None = None, cluster: str = "it", **options):
+    """The real gateway (`streams.gateway.serve`) in this process on 127.0.0.1; yields host:port.
+    `options` are serve's keywords (auth, limits, ...)."""
     from fabricwatch.streams import topics
     from fabricwatch.streams.gateway import serve
 
     await topics.ensure_topics(bootstrap, topics.ALL_TOPICS)
     stop, ready = asyncio.Event(), asyncio.Event()
     listen = f"127.0.0.1:{port or free_port()}"
-    gateway = asyncio.create_task(serve(bootstrap, listen, ready=ready, stop=stop, cluster=cluster))
+    gateway = asyncio.create_task(serve(bootstrap, listen, ready=ready, stop=stop, cluster=cluster, **options))
     try:
         await asyncio.wait_for(ready.wait(), 60)
         yield listen
@@ -137,11 +139,11 @@ async def running_gateway(bootstrap: str, port: int | None = None, cluster: str 
 
 
 @contextlib.asynccontextmanager
-async def gateway_and_sender(bootstrap: str, port: int | None = None, **sender_options):
-    """`running_gateway` and a collector's `GatewaySender` streaming to it."""
+async def gateway_and_sender(bootstrap: str, port: int | None = None, cluster: str = "it", **sender_options):
+    """`running_gateway` (stamping `cluster` on every snapshot) and a `GatewaySender` streaming to it."""
     from fabricwatch.collectors.sender import GatewaySender, SenderConfig
 
-    async with running_gateway(bootstrap, port) as listen, \
+    async with running_gateway(bootstrap, port, cluster) as listen, \
             running(GatewaySender(SenderConfig(target=listen, **sender_options))) as sender:
         yield sender
 
@@ -156,6 +158,35 @@ async def running(sender):
     finally:
         stop.set()
         await task
+
+
+async def read_topic(bootstrap: str, topic: str, keys: set[str], since_unix_s: float = 0.0) -> list[tuple[str, bytes]]:
+    """(key, value) of every record of `topic` whose key is in `keys`, from the beginning (or
+    from the first record written at `since_unix_s`) to the end offsets of now, in partition order."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
+                                enable_auto_commit=False)
+    await consumer.start()
+    found: list[tuple[str, bytes]] = []
+    try:
+        while not consumer.assignment():
+            await asyncio.sleep(0.05)
+        parts = list(consumer.assignment())
+        end = await consumer.end_offsets(parts)
+        if since_unix_s:
+            starts = await consumer.offsets_for_times({tp: int(since_unix_s * 1000) for tp in parts})
+            for tp in parts:
+                if starts[tp] is None:
+                    consumer.seek(tp, end[tp])
+                else:
+                    consumer.seek(tp, starts[tp].offset)
+        while [tp for tp in parts if await consumer.position(tp) < end[tp]]:
+            for records in (await consumer.getmany(timeout_ms=500, max_records=5000)).values():
+                found += [(r.key.decode(), r.value) for r in records if r.key and r.key.decode() in keys]
+    finally:
+        await consumer.stop()
+    return found
 
 
 # ---------------------------------------------------------------------- service processes

@@ -98,7 +98,7 @@ def outcome(record: ev.ActionDecision) -> str:
 
 
 async def inject_downgrade(bootstrap: str, port: int, node: str, cluster: str) -> None:
-    async with gateway_and_sender(bootstrap, port) as sender:
+    async with gateway_and_sender(bootstrap, port, cluster=cluster) as sender:
         t0 = time.time_ns()
         for i in range(4):   # NIC port 5 trains at half rate from the third sample on
             sender.submit(nic_snapshot(source=node, t_ns=t0 + i * S, seq=i, cluster=cluster,

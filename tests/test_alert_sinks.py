@@ -159,10 +159,12 @@ def test_pagerduty_event_fields_and_limits():
 def test_slack_sections_stay_below_3000_chars_and_are_escaped():
     alert = storm_alert(title="a <b> & c", body="line & <tag>\n" * 1000)
     message = slack_message(alert)
-    assert message["text"] == "a <b> & c"
-    texts = [b["text"]["text"] for b in message["blocks"] if b["type"] == "section"]
+    assert message["text"] == "a &lt;b&gt; &amp; c" and message["mrkdwn"] is False
+    sections = [b["text"] for b in message["blocks"] if b["type"] == "section"]
+    texts = [t["text"] for t in sections]
     assert all(len(t) < 3000 for t in texts) and texts[1].endswith("…")
-    assert "a &lt;b&gt; &amp; c" in texts[0] and "<tag>" not in texts[1]
+    assert {t["type"] for t in sections} == {"plain_text"}      # shown as it is: nothing in it is markup
+    assert texts[0].endswith("a <b> & c") and "line & <tag>" in texts[1]
     assert message["blocks"][-1]["elements"][0]["text"].startswith("<http://dash.local/anomalies/")
 
 
@@ -181,7 +183,7 @@ def test_feishu_message_shapes():
     paragraphs = post["content"]["post"]["zh_cn"]["content"]
     assert paragraphs[-1] == [{"tag": "a", "text": "dashboard", "href": storm_alert().links[0][1]}]
     text = feishu_message(storm_alert(), "text")
-    assert text["msg_type"] == "text" and text["content"]["text"].startswith("PFC storm @ ")
+    assert text["msg_type"] == "text" and text["content"]["text"].startswith("PFC storm ＠ ")
     with pytest.raises(ValueError, match="msg_type"):
         FeishuSink("http://127.0.0.1:1/hook", msg_type="interactive")
 

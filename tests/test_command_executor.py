@@ -38,6 +38,16 @@ sys.exit(int(os.environ.get("RECORDER_EXIT", "0")))
 """
 
 
+#: A placement check that confirms every job (the executor refuses all without one).
+CONFIRM_ALL = [sys.executable, "-c", "import sys; sys.exit(0)", "{job}", "{node}"]
+
+
+def placed(*args, **kwargs) -> CommandExecutor:
+    """A `CommandExecutor` whose placement check confirms every job on every node."""
+    kwargs.setdefault("verify_argv", CONFIRM_ALL)
+    return CommandExecutor(*args, **kwargs)
+
+
 def request(action=EXCLUDE_AND_RESTART, job="4242", node="gpu-node-7", rank="13", reason="pfc storm source",
             jobs=(), key="exclude_and_restart:c1/job=4242") -> ActionRequest:
     return ActionRequest(action=action, target=EntityRef(cluster="c1", node=node, rank=rank, job=job),
@@ -61,7 +71,7 @@ def recorder(tmp_path):
 async def test_placeholders_are_substituted_per_argument_with_an_allow_listed_env(recorder, monkeypatch):
     prog, calls = recorder
     monkeypatch.setenv("FABRICWATCH_TEST_SECRET", "do-not-leak")
-    ex = CommandExecutor([*prog, "--job={job}", "--exclude", "{node}", "--rank", "{rank}", "--reason", "{reason}",
+    ex = placed([*prog, "--job={job}", "--exclude", "{node}", "--rank", "{rank}", "--reason", "{reason}",
                           "--key={idempotency_key}", "{{literal}}"])
     result = await ex.execute(request())
 
@@ -82,7 +92,7 @@ async def test_shell_syntax_in_the_reason_stays_one_argument_and_runs_nothing(re
     prog, calls = recorder
     pwned = tmp_path / "pwned"
     reason = f"storm; rm -rf / && $(touch {pwned}) `touch {pwned}` | tee {pwned}"
-    result = await CommandExecutor([*prog, "{reason}"]).execute(request(reason=reason))
+    result = await placed([*prog, "{reason}"]).execute(request(reason=reason))
     assert result.status == DONE
     assert calls()[0]["argv"] == [reason]
     assert not pwned.exists()
@@ -92,18 +102,19 @@ async def test_shell_syntax_in_the_reason_stays_one_argument_and_runs_nothing(re
                                          ("node", "gpu\nnode"), ("rank", "$(id)"), ("job", "")])
 async def test_unsafe_or_missing_identifiers_are_refused_before_anything_runs(recorder, field, value):
     prog, calls = recorder
-    ex = CommandExecutor([*prog, "--job", "{job}", "--node={node}", "{rank}"])
+    ex = placed([*prog, "--job", "{job}", "--node={node}", "{rank}"])
     result = await ex.execute(request(**{field: value}))
     assert result.status == FAILED
-    assert (repr(value) in result.detail) or ("names none" in result.detail) or ("has none" in result.detail)
+    assert (repr(value) in result.detail) or ("names none" in result.detail) or ("has none" in result.detail) \
+        or ("names no job" in result.detail)
     assert calls() == []
 
 
 async def test_a_value_cannot_turn_an_argument_into_an_option(recorder):
     prog, calls = recorder
-    refused = await CommandExecutor([*prog, "{reason}"]).execute(request(reason="-rf /"))
+    refused = await placed([*prog, "{reason}"]).execute(request(reason="-rf /"))
     assert refused.status == FAILED and "option" in refused.detail
-    allowed = await CommandExecutor([*prog, "--reason={reason}"]).execute(request(reason="-rf /"))
+    allowed = await placed([*prog, "--reason={reason}"]).execute(request(reason="-rf /"))
     assert allowed.status == DONE
     assert calls()[0]["argv"] == ["--reason=-rf /"]
 
@@ -146,10 +157,10 @@ def test_bad_settings_are_refused_at_construction():
 async def test_exit_codes_failed_and_already(recorder, monkeypatch):
     prog, calls = recorder
     monkeypatch.setenv("RECORDER_EXIT", "3")
-    ex = CommandExecutor([*prog, "{job}"], env_allow=("PATH", "RECORDER_EXIT"))
+    ex = placed([*prog, "{job}"], env_allow=("PATH", "RECORDER_EXIT"))
     failed = await ex.execute(request())
     assert failed.status == FAILED and "exit 3" in failed.detail and failed.affected == ()
-    already = await CommandExecutor([*prog, "{job}"], env_allow=("RECORDER_EXIT",), already_exit_code=3).execute(request())
+    already = await placed([*prog, "{job}"], env_allow=("RECORDER_EXIT",), already_exit_code=3).execute(request())
     assert already.status == ALREADY
     assert len(calls()) == 2
 
@@ -163,7 +174,7 @@ async def test_a_hanging_command_and_its_children_are_killed_at_the_timeout(tmp_
         f"open({str(pidfile)!r}, 'w').write(str(child.pid))\n"
         "print('started', flush=True)\n"
         "time.sleep(60)\n")
-    ex = CommandExecutor([sys.executable, str(script), "{job}"], timeout_s=2, kill_grace_s=0.5)
+    ex = placed([sys.executable, str(script), "{job}"], timeout_s=2, kill_grace_s=0.5)
     started = time.monotonic()
     result = await ex.execute(request())
     assert time.monotonic() - started < 10
@@ -185,7 +196,7 @@ async def test_a_hanging_command_and_its_children_are_killed_at_the_timeout(tmp_
 async def test_output_is_captured_and_capped(tmp_path):
     script = tmp_path / "loud.py"
     script.write_text("import sys\nsys.stdout.write('x' * 100_000)\nsys.stderr.write('ERR-AT-END')\n")
-    result = await CommandExecutor([sys.executable, str(script), "{job}"], output_limit_bytes=1000).execute(request())
+    result = await placed([sys.executable, str(script), "{job}"], output_limit_bytes=1000).execute(request())
     assert result.status == DONE
     assert "x" * 1000 in result.detail and "x" * 1001 not in result.detail
     assert "[... 99010 more bytes of output not kept]" in result.detail
@@ -193,18 +204,18 @@ async def test_output_is_captured_and_capped(tmp_path):
 
 async def test_requeue_runs_once_per_job_and_unhandled_actions_fail(recorder):
     prog, calls = recorder
-    ex = CommandExecutor([*prog, "--requeue", "{job}", "--avoid", "{node}"], handles=[REQUEUE_JOBS, EXCLUDE_AND_RESTART])
+    ex = placed([*prog, "--requeue", "{job}", "--avoid", "{node}"], handles=[REQUEUE_JOBS, EXCLUDE_AND_RESTART])
     result = await ex.execute(request(REQUEUE_JOBS, job="", jobs=["101", "102_3"]))
     assert result.status == DONE
     assert result.affected == ("101", "102_3")
     assert [c["argv"] for c in calls()] == [["--requeue", "101", "--avoid", "gpu-node-7"],
                                             ["--requeue", "102_3", "--avoid", "gpu-node-7"]]
-    assert (await CommandExecutor([*prog]).execute(request(REQUEUE_JOBS))).status == FAILED
+    assert (await placed([*prog]).execute(request(REQUEUE_JOBS))).status == FAILED
     assert len(calls()) == 2
 
 
 async def test_a_missing_program_is_failed_not_raised(tmp_path):
-    result = await CommandExecutor([str(tmp_path / "no-such-launcher"), "{job}"]).execute(request())
+    result = await placed([str(tmp_path / "no-such-launcher"), "{job}"]).execute(request())
     assert result.status == FAILED and "cannot start" in result.detail
 
 
@@ -254,7 +265,7 @@ async def serve():
 
 async def test_webhook_is_signed_and_carries_the_idempotency_key(serve):
     receiver = await serve(Receiver())
-    ex = CommandExecutor(webhook_url=receiver.url, webhook_secret=SECRET)
+    ex = placed(webhook_url=receiver.url, webhook_secret=SECRET)
     try:
         result = await ex.execute(request())
     finally:
@@ -272,7 +283,7 @@ async def test_webhook_is_signed_and_carries_the_idempotency_key(serve):
 
 async def test_webhook_retries_503_with_the_same_signed_body(serve):
     receiver = await serve(Receiver(statuses=[503, 503, 200]))
-    ex = CommandExecutor(webhook_url=receiver.url, webhook_secret=SECRET, webhook_backoff_s=0.05)
+    ex = placed(webhook_url=receiver.url, webhook_secret=SECRET, webhook_backoff_s=0.05)
     try:
         result = await ex.execute(request())
     finally:
@@ -284,14 +295,14 @@ async def test_webhook_retries_503_with_the_same_signed_body(serve):
 
 async def test_webhook_gives_up_after_the_attempts_and_does_not_retry_4xx(serve):
     down = await serve(Receiver(statuses=[503]))
-    ex = CommandExecutor(webhook_url=down.url, webhook_secret=SECRET, webhook_attempts=2, webhook_backoff_s=0.01)
+    ex = placed(webhook_url=down.url, webhook_secret=SECRET, webhook_attempts=2, webhook_backoff_s=0.01)
     failed = await ex.execute(request())
     await ex.close()
     assert failed.status == FAILED and "HTTP 503" in failed.detail and "gave up after 2" in failed.detail
     assert len(down.received) == 2
 
     picky = await serve(Receiver(statuses=[400]))
-    ex = CommandExecutor(webhook_url=picky.url, webhook_secret=SECRET, webhook_backoff_s=0.01)
+    ex = placed(webhook_url=picky.url, webhook_secret=SECRET, webhook_backoff_s=0.01)
     refused = await ex.execute(request())
     await ex.close()
     assert refused.status == FAILED and "HTTP 400" in refused.detail and "not retried" in refused.detail
@@ -300,7 +311,7 @@ async def test_webhook_gives_up_after_the_attempts_and_does_not_retry_4xx(serve)
 
 async def test_a_wrong_secret_is_rejected_by_the_receiver(serve):
     receiver = await serve(Receiver())
-    ex = CommandExecutor(webhook_url=receiver.url, webhook_secret="not-the-secret", webhook_backoff_s=0.01)
+    ex = placed(webhook_url=receiver.url, webhook_secret="not-the-secret", webhook_backoff_s=0.01)
     result = await ex.execute(request())
     await ex.close()
     assert result.status == FAILED and "HTTP 401" in result.detail and "bad signature" in result.detail
@@ -308,14 +319,84 @@ async def test_a_wrong_secret_is_rejected_by_the_receiver(serve):
 
 async def test_webhook_already_answer_and_unreachable_receiver(serve):
     receiver = await serve(Receiver(answer={"status": "already"}))
-    ex = CommandExecutor(webhook_url=receiver.url, webhook_secret=SECRET)
+    ex = placed(webhook_url=receiver.url, webhook_secret=SECRET)
     assert (await ex.execute(request())).status == ALREADY
     await ex.close()
 
     from helpers import free_port
 
-    ex = CommandExecutor(webhook_url=f"http://127.0.0.1:{free_port()}/restart", webhook_secret=SECRET,
+    ex = placed(webhook_url=f"http://127.0.0.1:{free_port()}/restart", webhook_secret=SECRET,
                          webhook_attempts=2, webhook_backoff_s=0.01)
     result = await ex.execute(request())
     await ex.close()
     assert result.status == FAILED and "ClientConnectorError" in result.detail
+
+
+# ----------------------------------------------------------------------------- #13: the placement check
+PLACEMENT = """\
+import sys
+# the launcher's view: job 4242 runs on gpu-node-7, job 101 on gpu-node-7, nothing else anywhere
+placed = {("4242", "gpu-node-7"), ("101", "gpu-node-7")}
+sys.exit(0 if (sys.argv[1], sys.argv[2]) in placed else 3)
+"""
+
+
+@pytest.fixture
+def placement(tmp_path):
+    script = tmp_path / "placement.py"
+    script.write_text(PLACEMENT)
+    return [sys.executable, str(script), "{job}", "{node}"]
+
+
+async def test_a_job_the_placement_check_does_not_confirm_is_never_restarted(recorder, placement):
+    """#13: forged rank steps got five jobs that never ran on the sender's node restarted."""
+    prog, calls = recorder
+    ex = CommandExecutor([*prog, "--job={job}", "--exclude={node}"], verify_argv=placement,
+                         handles=[EXCLUDE_AND_RESTART, REQUEUE_JOBS])
+    forged = await ex.execute(request(job="5555"))
+    assert forged.status == FAILED and "does not confirm job 5555 on gpu-node-7" in forged.detail
+    assert "exit 3" in forged.detail and calls() == []
+    mixed = await ex.execute(request(REQUEUE_JOBS, job="", jobs=["101", "5555"]))
+    assert mixed.status == FAILED and mixed.affected == ("101",)              # the confirmed one moved
+    assert [c["argv"] for c in calls()] == [["--job=101", "--exclude=gpu-node-7"]]
+    real = await ex.execute(request())
+    assert real.status == DONE and real.affected == ("4242",)
+
+
+async def test_without_a_placement_check_nothing_is_restarted(recorder, serve):
+    prog, calls = recorder
+    result = await CommandExecutor([*prog, "{job}"]).execute(request())
+    assert result.status == FAILED and "no placement check configured" in result.detail and calls() == []
+    receiver = await serve(Receiver())
+    hook = CommandExecutor(webhook_url=receiver.url, webhook_secret=SECRET)
+    try:
+        assert (await hook.execute(request())).status == FAILED and receiver.received == []
+    finally:
+        await hook.close()
+    with pytest.raises(ValueError, match="must name both"):
+        CommandExecutor([*prog, "{job}"], verify_argv=[sys.executable, "check.py", "{job}"])
+
+
+async def test_the_webhook_posts_only_confirmed_jobs(serve, placement):
+    receiver = await serve(Receiver())
+    ex = CommandExecutor(webhook_url=receiver.url, webhook_secret=SECRET, verify_argv=placement,
+                         handles=[REQUEUE_JOBS])
+    try:
+        result = await ex.execute(request(REQUEUE_JOBS, job="", jobs=["5555", "101"]))
+    finally:
+        await ex.close()
+    assert result.status == FAILED and "5555" in result.detail
+    [(body, _)] = receiver.received
+    assert json.loads(body)["jobs"] == ["101"]
+
+
+def test_a_policy_executing_restarts_through_a_command_needs_the_placement_check(monkeypatch):
+    from fabricwatch.actions.policy import PolicyError, parse_policy
+    from fabricwatch.actions.wiring import build
+
+    text = "mode: execute\nexecute: [exclude_and_restart]\nexecutors: {restart: {argv: [/bin/launch, '{job}']}}"
+    with pytest.raises(PolicyError, match=r"executors\.restart\.verify_argv: required"):
+        build(parse_policy(text))
+    ok = build(parse_policy(text.replace("}}", ", verify_argv: [/bin/placed, '{job}', '{node}']}}")))
+    assert ok.executor_domains() == {"exclude_and_restart": "command:/bin/launch"}
+    assert build(parse_policy(text.replace("mode: execute", "mode: shadow")))   # shadow runs nothing

@@ -132,7 +132,7 @@ def test_dashboard_in_headless_chromium(kafka_bootstrap: str, tmp_path: Path) ->
         assert status["feed"]["state"] == "following", status["feed"]
         assert status["stats"]["bad_records:fabricwatch.anomalies.v1"] == 1, status["stats"]
         assert status["stats"]["bad_records:anomaly_without_dedup_key"] == 1, status["stats"]
-        assert status["stats"]["bad_records:fabricwatch.telemetry.v1"] == 1, status["stats"]
+        assert status["stats"][f"bad_records:{topics.TELEMETRY}"] == 1, status["stats"]
 
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         for old in ARTIFACTS.glob("*.png"):       # a screenshot must come from this run

@@ -434,3 +434,50 @@ async def test_the_worker_writes_cloudevents_headers_that_the_feed_serves(kafka_
         await reader.stop()
         worker.terminate()
         worker.wait(30)
+
+
+# ---------------------------------------------------------------------- #13: scoped by cluster, a fair share
+def test_a_tokens_cluster_scopes_what_it_reads_whatever_the_source_names():
+    from fabricwatch.streams.cloudevents import FeedEvent
+
+    rack = Subscription(include_actions=True, scope=("node-00*",), cluster_scope="east")
+    assert rack.matches(FeedEvent({}, anomaly("east", node="node-0001")))
+    assert not rack.matches(FeedEvent({}, anomaly("west", node="node-0001")))      # same name, other cluster
+    assert not rack.matches(FeedEvent({"type": "io.fabricwatch.action.v1.x"}, decision("west")))
+    assert Subscription(scope=("*",), cluster_scope="east").matches(FeedEvent({}, anomaly("east", job="j1")))
+    assert not Subscription(scope=("*",), cluster_scope="east").matches(FeedEvent({}, anomaly("west", job="j1")))
+
+
+@pytest.mark.kafka
+async def test_a_token_reads_only_its_cluster_and_holds_only_its_share_of_subscriptions(kafka_bootstrap, credentials):
+    """#13: the feed's token scope ignored the cluster; and one token could hold every slot."""
+    cert, key, everything, _ = credentials
+    tag = uuid.uuid4().hex[:8]
+    east, west = f"east-{tag}", f"west-{tag}"
+    rack_token, greedy = new_token(), new_token()
+    auth = TokenAuth([Collector("platform", token_digest(everything), ("*",)),
+                      Collector("rack-1", token_digest(rack_token), ("node-0001",), cluster=east),
+                      Collector("greedy", token_digest(greedy), ("*",))])
+    async with feed_server(kafka_bootstrap, (cert, key, everything, auth), max_subscriptions_per_token=2) as feed, \
+            channel(feed, credentials) as stub:
+        rack = Reader(stub, fpb.SubscribeRequest(), rack_token).start()      # no cluster filter asked for
+        hogs = [Reader(stub, fpb.SubscribeRequest(cluster=west), greedy).start() for _ in range(2)]
+        await subscribed(feed, 3)
+        third = Reader(stub, fpb.SubscribeRequest(cluster=west), greedy)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async for _ in third.call:
+                pass
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "share of 2" in refused.value.details()
+        platform = Reader(stub, fpb.SubscribeRequest(cluster=east), everything).start()   # others still get in
+        await subscribed(feed, 4)
+        own, same_name_elsewhere = anomaly(east, node="node-0001"), anomaly(west, node="node-0001")
+        async with producer(kafka_bootstrap) as p:
+            for event in (own, same_name_elsewhere):
+                await send_anomaly(p, event)
+        assert received(await rack.until(1)) == expected((anomaly_type(own), own.id))
+        assert received(await platform.until(1, settle_s=0)) == expected((anomaly_type(own), own.id))
+        assert received(await hogs[0].until(1, settle_s=0)) == expected(
+            (anomaly_type(same_name_elsewhere), same_name_elsewhere.id))
+        for reader in (rack, platform, *hogs):
+            reader.close()
+    assert feed.stats.refused_over_share == 1

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from aiokafka import AIOKafkaConsumer
 from helpers import (FAST_GROUP_ENV, Process, RecordingSink, Worker, free_port, gateway_and_sender, nic_snapshot,
-                     running, telemetry_value)
+                     read_topic, running, telemetry_value)
 
 from fabricwatch.collectors.faults import PfcStorm, Straggler
 from fabricwatch.collectors.sender import GatewaySender, SenderConfig
@@ -182,7 +182,7 @@ async def run_kill_scenario(broker: LocalKafka, tmp_path: Path, *, takeover: boo
     kills = 0
     try:
         async with AnomalyReader(broker.bootstrap, episode.cluster) as reader, \
-                gateway_and_sender(broker.bootstrap) as sender:
+                gateway_and_sender(broker.bootstrap, cluster=episode.cluster) as sender:
             # mid-storm: the storm has just been opened, its restoration is still to come
             await send(sender, [s for tick in episode.ticks[:storm_open + 3] for s in tick])
             await reader.wait_for("storm OPEN", reader.has(storm, ev.LIFECYCLE_OPEN))
@@ -228,25 +228,9 @@ async def test_second_worker_takes_over_a_killed_workers_partitions(broker, tmp_
 # ---------------------------------------------------------------------- telemetry topic and gateway process
 async def telemetry_seqs(bootstrap: str, sources: set[str]) -> dict[str, list[int]]:
     """Every seq number on the telemetry topic for `sources`, in partition (= per source) order."""
-
-    # no group: every partition is assigned to this consumer, read from the beginning
-    consumer = AIOKafkaConsumer(topics.TELEMETRY, bootstrap_servers=bootstrap, group_id=None,
-                                auto_offset_reset="earliest", enable_auto_commit=False)
-    await consumer.start()
     seqs: dict[str, list[int]] = defaultdict(list)
-    try:
-        while not consumer.assignment():
-            await asyncio.sleep(0.05)
-        parts = list(consumer.assignment())
-        end = await consumer.end_offsets(parts)
-        while [tp for tp in parts if await consumer.position(tp) < end[tp]]:
-            for records in (await consumer.getmany(timeout_ms=500, max_records=5000)).values():
-                for r in records:
-                    source = r.key.decode()
-                    if source in sources:
-                        seqs[source].extend(rec.SourceRecord.FromString(r.value).seq)
-    finally:
-        await consumer.stop()
+    for source, value in await read_topic(bootstrap, topics.TELEMETRY, sources):
+        seqs[source].extend(rec.SourceRecord.FromString(value).seq)
     return seqs
 
 
@@ -398,7 +382,7 @@ async def test_broker_restart_under_load_loses_no_sample(broker, tmp_path):
     source = f"node-outage-{uuid.uuid4().hex[:6]}"
     app_id = f"fw-outage-{uuid.uuid4().hex[:6]}"
     worker = Worker(broker.bootstrap, tmp_path, app_id, "outage-worker").start()
-    gateway = GatewayProcess(broker.bootstrap, tmp_path).start()
+    gateway = GatewayProcess(broker.bootstrap, tmp_path, "--cluster", "faults").start()   # the gateway stamps it
     sender = GatewaySender(SenderConfig(target=gateway.listen, max_buffered=rate_per_s * OUTAGE_TO_COVER_S,
                                         backoff_max_s=2.0))
     seq = 0
@@ -470,6 +454,7 @@ async def test_forged_telemetry_is_refused_and_counted_through_the_tls_gateway(b
     token = new_token()
     tag = uuid.uuid4().hex[:6]
     own, other = f"node-{tag}-a1", f"node-{tag}-b1"
+    await topics.ensure_topics(broker.bootstrap, topics.ALL_TOPICS)
     sink = KafkaSink(broker.bootstrap)
     await sink.start()
     from fabricwatch.streams.gateway import IngestService
@@ -538,7 +523,7 @@ async def test_skewed_clocks_and_out_of_order_duplicated_samples_keep_event_time
     worker = Worker(broker.bootstrap, tmp_path, app_id, "skew-worker").start()
     try:
         async with AnomalyReader(broker.bootstrap, "faults") as reader, \
-                gateway_and_sender(broker.bootstrap) as sender:
+                gateway_and_sender(broker.bootstrap, cluster="faults") as sender:
             for i in arrival:
                 for node, t0 in clocks.items():
                     sender.submit(nic_snapshot(source=node, t_ns=t0 + i * S, seq=i, cluster="faults",
@@ -580,7 +565,8 @@ async def test_worker_catching_up_on_a_backlog_marks_stale_findings_and_reraises
                              rates={1: "200 Gb/sec (4X HDR)"} if i >= 2 else {}) for i in ticks]
 
     old_t0 = time.time_ns() - 4 * S
-    async with AnomalyReader(broker.bootstrap, "faults") as reader, gateway_and_sender(broker.bootstrap) as sender:
+    async with AnomalyReader(broker.bootstrap, "faults") as reader, \
+            gateway_and_sender(broker.bootstrap, cluster="faults") as sender:
         await send(sender, downgrade(old_node, old_t0))          # the backlog: no worker consumes it yet
         await asyncio.sleep(STALE_AFTER_S + 2)
         worker = Worker(broker.bootstrap, tmp_path, app_id, "behind-worker", "--stale-after",

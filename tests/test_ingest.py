@@ -55,7 +55,8 @@ async def test_records_are_keyed_by_source_and_rank_steps_by_job():
     try:
         snap = nic_snapshot(source="node-0003")
         for rank, job in ((0, "job-a"), (1, "job-a"), (2, "job-b")):
-            snap.rank_steps.add(job_id=job, rank=rank, world_size=4, step=1, step_seconds=1, busy_seconds=0.5,
+            snap.rank_steps.add(job_id=job, rank=rank, world_size=4, node="node-0003", step=1,
+                                start_unix_ns=snap.time_unix_ns - 10**9, step_seconds=1, busy_seconds=0.5,
                                 collective_wait_seconds=0.5)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
             await pb_grpc.IngestStub(ch).Send(pb.IngestBatch(snapshots=[snap]))

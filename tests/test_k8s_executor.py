@@ -71,6 +71,7 @@ class FakeKubeApi:
         self.requests: list[Seen] = []
         self.page_size = page_size
         self.conflicts_to_inject = 0              # answer this many patches with 409 after a concurrent write
+        self.ignore_node_selector = False         # a broken or hostile API: lists every pod for any node
         self.url = ""
         self._runner: web.AppRunner | None = None
 
@@ -179,7 +180,7 @@ class FakeKubeApi:
         if not selector.startswith("spec.nodeName="):
             return status(400, "BadRequest", f"this fake needs fieldSelector=spec.nodeName=..., got {selector!r}")
         node = selector.split("=", 1)[1]
-        matching = [p for p in self.pods if p["spec"]["nodeName"] == node]
+        matching = [p for p in self.pods if p["spec"]["nodeName"] == node or self.ignore_node_selector]
         start = int(request.query.get("continue") or 0)
         size = min(int(request.query.get("limit") or len(matching) or 1), self.page_size)
         page = matching[start:start + size]
@@ -441,3 +442,20 @@ def test_construction_errors_are_clear(tmp_path):
         KubernetesExecutor(k8s.ApiClient(), request_timeout_s=0)
     with pytest.raises(ValueError, match="in-cluster"):
         KubernetesExecutor(in_cluster=True)   # no service account on a test machine
+
+
+# ----------------------------------------------------------------------------- #13: jobs where the API puts them
+async def test_requeue_of_named_jobs_never_evicts_a_pod_on_another_node(api):
+    """The job names come from an anomaly (telemetry); only pods the API server places on the
+    node are evicted, even when the listing answers with pods of other nodes."""
+    populate(api)
+    api.add_pod("train", "j-17-elsewhere", "gpu-node-2", labels={"job": "j-17"})
+    api.ignore_node_selector = True
+    result = await executor_for(api, job_label="job").execute(request(REQUEUE_JOBS, jobs=["j-17", "j-99"]))
+    assert result.status == DONE and result.affected == ("train/trainer-0",), result.detail
+    assert [r.path for r in api.seen("POST")] == ["/api/v1/namespaces/train/pods/trainer-0/eviction"]
+    assert "train/j-17-elsewhere" in api.pod_names("gpu-node-2") and "train/elsewhere" in api.pod_names("gpu-node-2")
+
+
+async def test_the_kubernetes_domain_is_its_api_server(api):
+    assert executor_for(api).domain == f"kubernetes:{api.url}"

@@ -921,7 +921,7 @@ def test_cli_once_print_prints_one_snapshot_as_json(tmp_path, capsys):
 
 async def test_end_to_end_recorded_roce_node_to_the_real_gateway():
     sink, port = RecordingSink(), free_port()
-    service = IngestService(sink)
+    service = IngestService(sink, cluster="c1")   # the gateway (or the token) decides the cluster
     server = await start_server(service, port)
     config = NodeConfig.from_dict({"node_name": "node-0001", "cluster": "c1", "sysfs_root": str(ROCE),
                                    "gateway": {"target": f"127.0.0.1:{port}"}})
@@ -965,7 +965,7 @@ async def test_end_to_end_recorded_roce_node_to_the_real_gateway():
 
 async def test_gateway_outage_loses_nothing_and_keeps_order():
     sink, port = RecordingSink(), free_port()
-    service = IngestService(sink)
+    service = IngestService(sink, cluster="c1")   # the gateway (or the token) decides the cluster
     server = await start_server(service, port)
     config = NodeConfig.from_dict({"node_name": "node-0001", "cluster": "c1", "sysfs_root": str(ROCE),
                                    "intervals": {"ethtool_pfc": 0.05, "ethtool": 0.25, "sysfs": 0.25},

@@ -29,7 +29,7 @@ rules:
 def storm(node="node-7", lifecycle=ev.LIFECYCLE_OPEN, onset=T0, severity=ev.SEVERITY_CRITICAL, cluster="c1"):
     dedup = f"pfc_storm:{cluster}/{node}/mlx5_0/1"
     return ev.AnomalyEvent(id=f"{dedup}|{lifecycle}", dedup_key=dedup, kind="pfc_storm", severity=severity,
-                           lifecycle=lifecycle, onset_unix_ns=onset, cause_code="stuck_host",
+                           lifecycle=lifecycle, onset_unix_ns=onset, detected_unix_ns=onset, cause_code="stuck_host",
                            entity=ev.EntityPath(cluster=cluster, node=node, device="mlx5_0", port="1"),
                            related=[ev.EntityPath(cluster=cluster, job="job-42")])
 
@@ -108,7 +108,7 @@ def test_blast_radius_breaker_refuses_beyond_the_limit_and_reopens_after_the_win
     assert drains == ["STARTED", "STARTED", "REFUSED_BREAKER", "REFUSED_BREAKER"]
     # a second action on a node already in the window is not a new target
     assert [o for a, o in got[1] if a == "requeue_jobs"] == ["STARTED"]
-    later = r.on_anomaly(storm(node="node-9"), T0 + 700 * S)
+    later = r.on_anomaly(storm(node="node-9", onset=T0 + 700 * S), T0 + 700 * S)
     assert [o for a, o in outcomes(later) if a == "drain_node"] == ["STARTED"]
     # breakers are per cluster
     other = r.on_anomaly(storm(node="node-5", cluster="c2"), T0 + 3 * S)
@@ -174,7 +174,7 @@ def test_not_applicable_when_the_anomaly_names_no_target():
 def test_straggler_rule_matches_on_cause_code():
     r = Responder(parse_policy(EXECUTE_DRAIN))
     straggler = ev.AnomalyEvent(id="s1", dedup_key="straggler:c1/job=j1/rank=3", kind="straggler",
-                                severity=ev.SEVERITY_WARNING, lifecycle=ev.LIFECYCLE_OPEN, onset_unix_ns=T0,
+                                severity=ev.SEVERITY_WARNING, lifecycle=ev.LIFECYCLE_OPEN, onset_unix_ns=T0, detected_unix_ns=T0,
                                 cause_code="thermal",
                                 entity=ev.EntityPath(cluster="c1", node="node-3", device="gpu3", rank="3", job="j1"))
     decisions = r.on_anomaly(straggler, T0)
@@ -283,17 +283,113 @@ def test_a_flood_of_forged_storms_across_the_fabric_acts_on_at_most_the_blast_ra
     assert len(set(started)) == policy.guards.breaker.limit == 10
 
 
-def test_the_breaker_counts_nodes_not_actions_a_restart_without_a_node_is_that_node():
-    policy = parse_policy(EXECUTE_DRAIN.replace("execute: [drain_node, requeue_jobs]",
-                                                "execute: [drain_node, requeue_jobs, exclude_and_restart]"))
-    r = Responder(policy)
-    straggler = ev.AnomalyEvent(id="s1", dedup_key="straggler:c1/job=j1/rank=3", kind="straggler",
-                                severity=ev.SEVERITY_WARNING, lifecycle=ev.LIFECYCLE_OPEN, onset_unix_ns=T0,
-                                cause_code="thermal",
-                                entity=ev.EntityPath(cluster="c1", node="node-7", device="gpu3", rank="3", job="j1"))
-    assert outcomes(r.on_anomaly(straggler, T0))[1] == ("exclude_and_restart", "STARTED")
-    # node-7 is already in the window: its storm drain is free; node-8 is the second node
-    assert [o for a, o in outcomes(r.on_anomaly(storm(node="node-7"), T0)) if a == "drain_node"] == ["STARTED"]
-    assert [o for a, o in outcomes(r.on_anomaly(storm(node="node-8"), T0)) if a == "drain_node"] == ["STARTED"]
-    assert [o for a, o in outcomes(r.on_anomaly(storm(node="node-9"), T0)) if a == "drain_node"] == \
-        ["REFUSED_BREAKER"]
+def straggler(job: str, node: str = "node-7", cluster: str = "c1", at=T0) -> ev.AnomalyEvent:
+    return ev.AnomalyEvent(id=f"s-{job}", dedup_key=f"straggler:{cluster}/job={job}/rank=3", kind="straggler",
+                           severity=ev.SEVERITY_WARNING, lifecycle=ev.LIFECYCLE_OPEN, onset_unix_ns=at,
+                           detected_unix_ns=at, cause_code="thermal",
+                           entity=ev.EntityPath(cluster=cluster, node=node, device="gpu3", rank="3", job=job))
+
+
+RESTART = EXECUTE_DRAIN.replace("execute: [drain_node, requeue_jobs]",
+                                "execute: [drain_node, requeue_jobs, exclude_and_restart]")
+SLURM_A = {a: "slurm:a" for a in ("drain_node", "requeue_jobs", "exclude_and_restart")}
+
+
+def started(responder, event, action, now=T0):
+    return [o for a, o in outcomes(responder.on_anomaly(event, now)) if a == action]
+
+
+def test_one_node_cannot_restart_any_number_of_jobs():
+    """#13: forged rank steps of five jobs on one node restarted all five; jobs are counted now."""
+    r = Responder(parse_policy(RESTART), domain_for=SLURM_A)
+    got = [started(r, straggler(f"j{i}"), "exclude_and_restart") for i in range(5)]
+    assert got == [["STARTED"], ["STARTED"], ["REFUSED_BREAKER"], ["REFUSED_BREAKER"], ["REFUSED_BREAKER"]]
+    refused = [d for d in r.on_anomaly(straggler("j9"), T0) if d.record.action == "exclude_and_restart"][0]
+    assert "2 jobs of slurm:a" in refused.record.reason and "limit 2" in refused.record.reason
+    # nodes are a separate budget: the node itself can still be drained
+    assert started(r, storm(node="node-7"), "drain_node") == ["STARTED"]
+
+
+def test_invented_cluster_names_share_the_executors_budget():
+    """#13: six nodes labelled with six invented clusters were all drained (one window per cluster)."""
+    r = Responder(parse_policy(EXECUTE_DRAIN), domain_for=SLURM_A)
+    drains = [started(r, storm(node=f"node-{i}", cluster=f"made-up-{i}"), "drain_node") for i in range(6)]
+    assert drains == [["STARTED"]] * 2 + [["REFUSED_BREAKER"]] * 4
+    # and a cooldown is the node's, whatever cluster the anomaly claims
+    again = started(r, storm(node="node-0", cluster="yet-another", onset=T0 + S), "drain_node", now=T0 + S)
+    assert again == ["SKIPPED_COOLDOWN"]
+
+
+def test_each_executor_domain_has_its_own_budget():
+    domains = {"drain_node": "slurm:a", "requeue_jobs": "slurm:a", "exclude_and_restart": "command:/bin/launch"}
+    r = Responder(parse_policy(RESTART), domain_for=domains)
+    assert [started(r, storm(node=f"node-{i}"), "drain_node") for i in range(3)] == \
+        [["STARTED"], ["STARTED"], ["REFUSED_BREAKER"]]
+    assert [started(r, straggler(f"j{i}"), "exclude_and_restart") for i in range(3)] == \
+        [["STARTED"], ["STARTED"], ["REFUSED_BREAKER"]]
+
+
+def test_jobs_a_drain_requeued_count_as_restarted_and_survive_a_restart():
+    policy = parse_policy(RESTART)
+    r = Responder(policy, domain_for=SLURM_A)
+    audit = []
+    for d in r.on_anomaly(storm(node="node-1"), T0):
+        audit.append(d.record)
+        if d.request is not None and d.request.action == "drain_node":
+            audit.append(r.on_result(d, ExecutionResult(DONE, "requeued", affected=("101", "102")), T0))
+    assert started(r, straggler("j3", node="node-2"), "exclude_and_restart") == ["REFUSED_BREAKER"]
+    # a restart without a target job charges the anomaly's jobs, kept in the audit record
+    fresh = Responder(policy, domain_for=SLURM_A)
+    related = storm(node="node-3")
+    related.related.add(cluster="c1", job="j-77")
+    [restart] = [d for d in Responder(parse_policy(RESTART.replace("actions: [alert, drain_node, requeue_jobs]",
+                                                                    "actions: [exclude_and_restart]")),
+                                      domain_for=SLURM_A).on_anomaly(related, T0)]
+    assert restart.record.outcome == ev.OUTCOME_STARTED and restart.record.detail == "jobs: j-77,job-42"
+    fresh.restore([restart.record])
+    assert fresh.modes[False].breaker.in_window("slurm:a", "jobs", T0 / 1e9) == 2
+
+
+def test_an_anomaly_older_than_the_max_age_is_alerted_not_acted_on():
+    """#13: a 3-day-old forged storm drained a node. Old evidence (or a backlog) only alerts."""
+    r = Responder(parse_policy(EXECUTE_DRAIN))
+    old = storm(node="node-1", onset=T0 - 3 * 86400 * S)
+    decisions = r.on_anomaly(old, T0)
+    assert outcomes(decisions) == [("alert", "UNSPECIFIED"), ("drain_node", "REFUSED_STALE"),
+                                   ("requeue_jobs", "REFUSED_STALE")]
+    assert decisions[0].alert == "firing" and all(d.request is None for d in decisions)
+    assert "259200 s old" in decisions[1].record.reason
+    # fresh evidence, but the record sat on Kafka for an hour (the responder was down): too old too
+    backlog = r.on_anomaly(storm(node="node-2"), T0, received_ns=T0 - 3600 * S)
+    assert [o for a, o in outcomes(backlog) if a == "drain_node"] == ["REFUSED_STALE"]
+    # an anomaly carrying no time at all cannot be shown to be fresh
+    timeless = storm(node="node-3", onset=0)
+    assert [o for a, o in outcomes(r.on_anomaly(timeless, T0)) if a == "drain_node"] == ["REFUSED_STALE"]
+    # within the limit it acts; shadow mode shows the same refusal
+    assert started(r, storm(node="node-4", onset=T0 - 60 * S), "drain_node") == ["STARTED"]
+    shadow = Responder(parse_policy(EXECUTE_DRAIN.replace("mode: execute", "mode: shadow")))
+    assert started(shadow, old, "drain_node") == ["REFUSED_STALE"]
+
+
+def test_max_anomaly_age_and_breaker_limits_are_validated_with_their_path():
+    policy = parse_policy("guards: {max_anomaly_age_s: 120, breaker: {max_jobs_restarted: 5, max_ports_isolated: 1}}")
+    assert policy.guards.max_anomaly_age_s == 120 and policy.guards.breaker.limits == {
+        "nodes": 2, "jobs": 5, "ports": 1}
+    for text, path in (("guards: {max_anomaly_age_s: 0}", "guards.max_anomaly_age_s"),
+                       ("guards: {breaker: {max_jobs_restarted: -1}}", "guards.breaker.max_jobs_restarted"),
+                       ("guards: {breaker: {max_ports: 3}}", "guards.breaker.max_ports")):
+        with pytest.raises(PolicyError, match=path.replace(".", r"\.")):
+            parse_policy(text)
+
+
+def test_fresh_node_names_cannot_grow_the_responders_state_without_bound(monkeypatch):
+    from fabricwatch.actions import responder as responder_module
+
+    monkeypatch.setattr(responder_module, "MAX_TRACKED_TARGETS", 100)
+    r = Responder(parse_policy(EXECUTE_DRAIN))
+    held = [d for d in r.on_anomaly(storm(node="node-held"), T0) if d.request is not None]
+    assert held
+    for i in range(1000):
+        r.on_anomaly(storm(node=f"fresh-{i}", lifecycle=ev.LIFECYCLE_RESOLVED), T0 + i * S)
+    assert len(r.last_anomaly_s) <= 100 and r.forgotten_targets >= 900
+    assert "node-held" in r.last_anomaly_s and r.held(shadow=False) == ["drain_node:c1/node-held"]

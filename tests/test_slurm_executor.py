@@ -428,3 +428,34 @@ async def test_hostile_node_name_changes_nothing_on_the_real_cluster(slurm):
     result = await ex.execute(_request(DRAIN_NODE, node=f"{node} state=down"))
     assert result.status == FAILED and "refused" in result.detail
     assert _node_state(node, env) == "idle"
+
+
+# ---------------------------------------------------------------- #13: only jobs Slurm places on the node
+
+async def test_a_forged_job_is_never_restarted_slurm_must_place_it_on_the_node(slurm, tmp_path):
+    """#13: forged rank steps named five jobs that never ran on the sender's node, and all five
+    were restarted with that node excluded. Slurm's own answer decides now."""
+    ex, node, env = slurm
+    job_id = _submit_running_job(tmp_path, env, "--requeue")
+    held = _cmd(["sbatch", "--parsable", "--hold", "--requeue", f"--chdir={tmp_path}", "--output=/dev/null",
+                 "--wrap", "sleep 300"], env).strip().split(";")[0]                # pending, on no node
+    elsewhere = await ex.execute(_request(EXCLUDE_AND_RESTART, node="gpu-elsewhere", job=job_id))
+    assert elsewhere.status == FAILED and f"refused: job {job_id} is RUNNING on {node}" in elsewhere.detail
+    missing = await ex.execute(_request(EXCLUDE_AND_RESTART, node=node, job="999999"))
+    assert missing.status == FAILED and "not in Slurm's queue" in missing.detail
+    pending = await ex.execute(_request(EXCLUDE_AND_RESTART, node=node, job=held))
+    assert pending.status == FAILED and "not on" in pending.detail
+    # named by an anomaly next to a requeue of the node: left alone, the node's own job moves
+    requeue = await ex.execute(_request(REQUEUE_JOBS, node=node, jobs=[held]))
+    assert requeue.status == DONE and requeue.affected == (job_id,), requeue.detail
+    assert f"job {held}: PENDING on no node yet, not on {node}, left alone" in requeue.detail
+    job, other = _job(job_id, env), _job(held, env)
+    assert int(job["Restarts"]) == 1 and node in expand_hostlist(job["ExcNodeList"])     # once: by the requeue
+    assert (other["Restarts"], other["ExcNodeList"]) == ("0", "")
+
+
+def test_the_slurm_domain_is_the_cluster_its_scontrol_reaches(slurm_conf, tmp_path, monkeypatch):
+    assert SlurmExecutor(slurm_conf=slurm_conf).domain == "slurm:fabricwatch"       # ClusterName= of slurm.conf
+    assert SlurmExecutor(slurm_conf=slurm_conf, cluster_name="east").domain == "slurm:east"
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
+    assert SlurmExecutor().domain == f"slurm:{tmp_path / 'missing.conf'}"

@@ -15,6 +15,7 @@ from fabricwatch.models.findings import OPEN, EntityRef, Evidence
 from fabricwatch.models.pfc_storm import PAUSED, PAUSING, PauseStateChange
 from fabricwatch.models.storm_locator import (
     NIC_SOURCE_CONFIDENCE,
+    RESTORATION_LAG_MS,
     SILENT_SOURCE_CONFIDENCE,
     SOURCE_LIVENESS_MS,
     SOURCE_MAX_LAG_MS,
@@ -84,6 +85,32 @@ def test_switches_read_ahead_of_the_nodes_name_the_nic_only_on_the_watermark(on_
         assert opened(out) == [nic_root]
     else:
         assert opened(out) == [("c1/leaf-u0-r2/Ethernet2", SILENT_SOURCE_CONFIDENCE), nic_root]
+
+
+@pytest.mark.parametrize("leaf_restores_at_ms", [3_500, None])
+def test_a_leaf_port_still_held_after_its_nic_stopped_is_a_restoration_lag_not_a_silent_node(leaf_restores_at_ms):
+    """At a storm's end the NIC's watchdog restores first; its leaf port, sampled every
+    second by the switch, restores up to a sampling interval plus the restoration time
+    later. That lag is not a silent node (the NIC reports); a hold that outlasts
+    `RESTORATION_LAG_MS` after the NIC stopped is."""
+    loc = StormLocator(TOPO)
+    found = []
+    for at_ms in range(0, 8_001, 100):
+        found += [(at_ms, f) for f in loc.progress(progress(NODES + SWITCHES, at_ms))]
+        if at_ms == 200:
+            found += [(at_ms, f) for f in loc.update(change(SOURCE_NIC, PAUSING, 200))]
+        if at_ms == 300:
+            found += [(at_ms, f) for f in loc.update(change(HELD_LEAF_PORT, PAUSED, 300))]
+        if at_ms == 2_000:
+            found += [(at_ms, f) for f in loc.update(change(SOURCE_NIC, PAUSING, 2_000, active=False))]
+        if at_ms == leaf_restores_at_ms:
+            found += [(at_ms, f) for f in loc.update(change(HELD_LEAF_PORT, PAUSED, at_ms, active=False))]
+    silent = [(at_ms, f.entity.path()) for at_ms, f in found if f.state == OPEN and f.confidence == SILENT_SOURCE_CONFIDENCE]
+    assert [f.entity.path() for _, f in found if f.state == OPEN][:1] == ["c1/node-0003/mlx5_2/1"]
+    if leaf_restores_at_ms is not None:
+        assert silent == []
+    else:
+        assert silent == [(2_000 + RESTORATION_LAG_MS, "c1/leaf-u0-r2/Ethernet2")]
 
 
 def test_a_node_silent_mid_storm_is_named_through_its_leaf_port_after_grace_and_liveness():

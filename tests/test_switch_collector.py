@@ -597,7 +597,8 @@ def sample_index(snap_table: dict) -> int:
 async def test_end_to_end_fake_target_over_mtls_to_the_gateway(fake_server_bin, pki, tmp_path):
     sink, gw_port = RecordingSink(), free_port()
     gateway = grpc.aio.server()
-    pb_grpc.add_IngestServicer_to_server(IngestService(sink), gateway)
+    # the cluster of every snapshot is the gateway's (or its token's), whatever the collector says
+    pb_grpc.add_IngestServicer_to_server(IngestService(sink, cluster="c1"), gateway)
     gateway.add_insecure_port(f"127.0.0.1:{gw_port}")
     await gateway.start()
     with fake_target(fake_server_bin, FIXTURES / "openconfig.textproto", pki, tmp_path, mtls=True) as fake:

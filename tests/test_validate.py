@@ -5,7 +5,7 @@ import time
 from helpers import NIC_COUNTERS, gauge, gpu_block, nic_snapshot, set_gauge
 
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
-from fabricwatch.streams.validate import validate_snapshot
+from fabricwatch.streams.validate import MAX_LABEL_COLUMNS, validate_snapshot
 
 NOW = time.time_ns()
 
@@ -94,8 +94,8 @@ def test_repeated_entity_ids_and_column_names():
 
 def test_bad_rank_steps_are_dropped_good_ones_kept():
     snap = nic_snapshot(t_ns=NOW)
-    good = dict(job_id="job-1", world_size=4, node="node-0001", step=10, step_seconds=1.0, busy_seconds=0.7,
-                collective_wait_seconds=0.3)
+    good = dict(job_id="job-1", world_size=4, node="node-0001", step=10, start_unix_ns=NOW - 10**9,
+                step_seconds=1.0, busy_seconds=0.7, collective_wait_seconds=0.3)
     snap.rank_steps.add(rank=0, **good)
     snap.rank_steps.add(rank=9, **good)                                  # rank >= world size
     snap.rank_steps.add(rank=1, **{**good, "step_seconds": math.nan})    # NaN timing
@@ -138,3 +138,77 @@ def test_bad_entity_id_with_a_short_label_column_is_cleaned_not_crashed():
     assert list(block.entity_ids) == ["mlx5_0/1", "mlx5_1/1", "mlx5_3/1"]
     assert "rate" not in [c.name for c in block.labels]
     assert all(len(c.values) == 3 for c in block.labels)
+
+
+# ---------------------------------------------------------------- #13: bound to the sender, linear
+GOOD_STEP = dict(job_id="job-1", rank=0, world_size=4, node="node-a1", step=10, start_unix_ns=NOW - 10**9,
+                 step_seconds=1.0, busy_seconds=0.7, collective_wait_seconds=0.3)
+
+
+def test_rank_steps_only_for_nodes_the_sender_may_report_for():
+    """A node-a* token may send rank steps for node-a1 (or node-a2), never for node-b7."""
+    snap = nic_snapshot(source="node-a1", t_ns=NOW)
+    for node in ("node-a1", "node-a2", "node-b7", ""):
+        snap.rank_steps.add(**{**GOOD_STEP, "node": node})
+    v = validate_snapshot(snap, NOW, may_report=lambda name: name.startswith("node-a"))
+    assert v.accepted and v.reasons() == {"rank_step_not_allowed": 1, "bad_rank_step": 1}
+    assert [r.node for r in snap.rank_steps] == ["node-a1", "node-a2"]
+
+
+def test_rank_step_times_and_numbers_must_be_plausible():
+    """2^62 ns resolved every open straggler once; absurd step numbers and world sizes go too."""
+    snap = nic_snapshot(source="node-a1", t_ns=NOW)
+    snap.rank_steps.add(**GOOD_STEP)
+    for bad in ({"start_unix_ns": 2**62}, {"start_unix_ns": 0}, {"start_unix_ns": NOW - 8 * 86400 * 10**9},
+                {"start_unix_ns": NOW + 10 * 60 * 10**9}, {"step": 2**62}, {"world_size": 2**31, "rank": 5},
+                {"local_gpu": 100_000}):
+        snap.rank_steps.add(**{**GOOD_STEP, **bad})
+    v = validate_snapshot(snap, NOW)
+    assert v.accepted and v.reasons() == {"rank_step_time_out_of_range": 4, "bad_rank_step": 3}
+    assert len(snap.rank_steps) == 1 and snap.rank_steps[0].start_unix_ns == GOOD_STEP["start_unix_ns"]
+
+
+def test_device_events_outside_the_clock_window_or_malformed_are_dropped():
+    snap = nic_snapshot(t_ns=NOW)
+    snap.events.add(entity_id="gpu0", kind="xid", code=79, time_unix_ns=NOW)
+    snap.events.add(entity_id="gpu1", kind="xid", code=79, time_unix_ns=2**62)
+    snap.events.add(entity_id="gpu2", kind="xid\n@all", code=79, time_unix_ns=NOW)
+    snap.events.add(entity_id="gpu3", kind="xid", code=79, time_unix_ns=NOW, detail="x" * 5000)
+    v = validate_snapshot(snap, NOW)
+    assert v.accepted and v.reasons() == {"bad_event": 3}
+    assert [e.entity_id for e in snap.events] == ["gpu0"]
+
+
+def test_validation_is_linear_40000_label_columns_do_not_stall_the_gateway():
+    """The duplicate check of label names was quadratic: 40,000 columns froze the gateway 22 s."""
+    snap = nic_snapshot(t_ns=NOW, n_ports=2)
+    block = snap.blocks[0]
+    for j in range(40_000):
+        block.labels.add(name=f"l{j}", values=["a", "b"])
+    started = time.perf_counter()
+    v = validate_snapshot(snap, NOW)
+    elapsed_s = time.perf_counter() - started
+    assert v.accepted and v.reasons() == {"too_many_label_columns": 1}
+    assert len(block.labels) == MAX_LABEL_COLUMNS and [c.name for c in block.labels][:5] == \
+        ["rate", "state", "phys_state", "link_layer", "netdev"]
+    assert elapsed_s < 1.0, elapsed_s
+
+
+def test_validation_time_grows_linearly_with_repeated_and_bad_rows():
+    """Bad ids, repeated label names and bad events at scale: each path is linear (set lookups)."""
+    def timed(n: int) -> float:
+        snap = nic_snapshot(t_ns=NOW, n_ports=1)
+        block = snap.blocks.add(entity_kind=pb.ENTITY_KIND_GPU, gauge_names=["temperature_c"],
+                                entity_ids=[f"gpu{i}" if i % 2 else "bad id" for i in range(n)],
+                                gauges=[50.0] * n)
+        for j in range(MAX_LABEL_COLUMNS):
+            block.labels.add(name="dup", values=["x"] * n)
+        for i in range(n):
+            snap.events.add(entity_id="gpu0", kind="" if i % 2 else "xid")
+        started = time.perf_counter()
+        v = validate_snapshot(snap, NOW)
+        assert v.accepted and v.reasons()["bad_entity_id"] == n // 2
+        return time.perf_counter() - started
+
+    small, large = timed(512), timed(4096)
+    assert large < 8 * small * 3 + 0.05, (small, large)      # 8x the input: well under 64x the time

@@ -6,6 +6,10 @@ send-rate limits and are retried like a 429; other codes (9499 bad request, 1902
 signature, ...) are failures. With a signing secret, each body carries ``timestamp`` and
 ``sign`` = base64(HMAC-SHA256(key=f"{timestamp}\\n{secret}", msg=b"")). A bot takes
 5 messages a second and 100 a minute; the body must stay under 20 KB.
+
+The alert's title and body are attacker text: a `text` message would turn
+``<at user_id="all">`` into a mention of everyone, so markup characters become full-width
+look-alikes (`escape.markup_neutral`) in both message types; `post` links are ours only.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fabricwatch.actions.alerts.base import Alert, SendResult
+from fabricwatch.actions.escape import markup_neutral
 from fabricwatch.actions.alerts.http import (FAIL, OK, RETRY, JsonPoster, RateLimiter, RetryPolicy, body_json,
                                             judge_http_status)
 from fabricwatch.actions.alerts.message import truncate_utf8
@@ -34,13 +39,14 @@ def feishu_sign(timestamp_s: int, secret: str) -> str:
 
 def feishu_message(alert: Alert, msg_type: str = "post") -> dict[str, Any]:
     """The webhook body without signature."""
-    body = truncate_utf8(alert.body, MAX_TEXT_BYTES)
+    title = markup_neutral(alert.title)
+    body = truncate_utf8(markup_neutral(alert.body), MAX_TEXT_BYTES)
     if msg_type == "text":
-        return {"msg_type": "text", "content": {"text": f"{alert.title}\n{body}"}}
+        return {"msg_type": "text", "content": {"text": f"{title}\n{body}"}}
     paragraphs: list[list[dict[str, str]]] = [[{"tag": "text", "text": line}] for line in body.splitlines()]
-    paragraphs.extend([[{"tag": "a", "text": text, "href": url}] for text, url in alert.links])
+    paragraphs.extend([[{"tag": "a", "text": markup_neutral(text), "href": url}] for text, url in alert.links])
     return {"msg_type": "post",
-            "content": {"post": {"zh_cn": {"title": truncate_utf8(alert.title, 1000), "content": paragraphs}}}}
+            "content": {"post": {"zh_cn": {"title": truncate_utf8(title, 1000), "content": paragraphs}}}}
 
 
 def judge_feishu(status: int, body: str) -> tuple[str, str]:

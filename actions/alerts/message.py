@@ -6,6 +6,10 @@ action, what fabricwatch did or would have done, and the related entities (victi
 The body is plain text in labelled lines (`SECTION_*`), so a sink can lift one out with
 `body_section`. Also here: the text helpers every sink needs (`alertname`, UTC times,
 truncation by characters or by UTF-8 bytes).
+
+Every field taken from the event is attacker text (it comes from telemetry): it goes
+through `actions.escape.untrusted` here (one line, no control characters, URLs defanged), so the
+body's line structure is ours alone; each sink then escapes its own markup.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from datetime import UTC, datetime
 from urllib.parse import quote
 
 from fabricwatch.actions.alerts.base import FIRING, RESOLVED, Alert
+from fabricwatch.actions.escape import untrusted
 from fabricwatch.protos.v1 import events_pb2 as pb
 
 #: Grouping labels, in this order, taken from the entity when non-empty.
@@ -93,17 +98,17 @@ def entity_where(entity: pb.EntityPath) -> str:
     """cluster/switch-or-node/device/port, then job and rank: "c1/node-0003/gpu3 job=42 rank=17"."""
     path = "/".join(p for p in (entity.cluster, entity.switch, entity.node, entity.device, entity.port) if p)
     extra = " ".join(f"{name}={value}" for name, value in (("job", entity.job), ("rank", entity.rank)) if value)
-    return " ".join(p for p in (path, extra) if p) or "(no entity)"
+    return untrusted(" ".join(p for p in (path, extra) if p)) or "(no entity)"
 
 
 def evidence_line(evidence: pb.Evidence) -> str:
     """name = value unit (threshold t) detail."""
-    line = f"{evidence.name} = {evidence.value:.4g}"
+    line = f"{untrusted(evidence.name, 200)} = {evidence.value:.4g}"
     if evidence.unit:
-        line += f" {evidence.unit}"
+        line += f" {untrusted(evidence.unit, 50)}"
     line += f" (threshold {evidence.threshold:.4g})"
     if evidence.detail:
-        line += f" {evidence.detail}"
+        line += f" {untrusted(evidence.detail, 500)}"
     return line
 
 
@@ -120,11 +125,12 @@ def alert_from_anomaly(event: pb.AnomalyEvent, decisions: Sequence[str] = (), da
     resolved = event.lifecycle == pb.LIFECYCLE_RESOLVED
     severity = _SEVERITY.get(event.severity, "warning")
     starts_at_ns = event.onset_unix_ns or event.detected_unix_ns
-    title = f"{kind_words(event.kind)} @ {entity_where(event.entity)}"
+    kind = untrusted(event.kind, 100)
+    title = f"{kind_words(kind)} @ {entity_where(event.entity)}"
     if resolved:
         title = f"Resolved: {title}"
 
-    lines = [event.summary] if event.summary else []
+    lines = [untrusted(event.summary)] if event.summary else []
     since = utc_iso(starts_at_ns) if starts_at_ns else "unknown"
     if event.detected_unix_ns and event.detected_unix_ns != starts_at_ns:
         since += f" (confirmed {utc_iso(event.detected_unix_ns)})"
@@ -137,24 +143,25 @@ def alert_from_anomaly(event: pb.AnomalyEvent, decisions: Sequence[str] = (), da
         lines.append("Evidence:")
         lines.extend(f"  - {evidence_line(e)}" for e in event.evidence)
     if event.probable_cause:
-        lines.append(f"{SECTION_CAUSE}: {event.probable_cause}")
+        lines.append(f"{SECTION_CAUSE}: {untrusted(event.probable_cause)}")
     if event.suggested_action:
-        lines.append(f"{SECTION_ACTION}: {event.suggested_action}")
+        lines.append(f"{SECTION_ACTION}: {untrusted(event.suggested_action)}")
     if decisions:
         lines.append("Actions taken/proposed:")
-        lines.extend(f"  - {d}" for d in decisions)
+        lines.extend(f"  - {untrusted(d)}" for d in decisions)
     if event.related:
         shown = ", ".join(entity_where(r) for r in event.related[:max_related])
         more = len(event.related) - max_related
         lines.append(f"Related ({len(event.related)}): {shown}" + (f" and {more} more" if more > 0 else ""))
     if event.detector:
-        lines.append(f"Detector: {event.detector}")
+        lines.append(f"Detector: {untrusted(event.detector, 200)}")
 
-    labels = tuple((name, getattr(event.entity, name)) for name in LABEL_NAMES if getattr(event.entity, name))
+    labels = tuple((name, untrusted(getattr(event.entity, name), 253)) for name in LABEL_NAMES
+                   if getattr(event.entity, name))
     links: tuple[tuple[str, str], ...] = ()
     if dashboard_url:
         links = (("dashboard", f"{dashboard_url.rstrip('/')}/anomalies/{quote(dedup_key, safe='')}"),)
-    return Alert(dedup_key=dedup_key, status=RESOLVED if resolved else FIRING, kind=event.kind or "anomaly",
+    return Alert(dedup_key=dedup_key, status=RESOLVED if resolved else FIRING, kind=kind or "anomaly",
                  severity=severity, title=title, body="\n".join(lines), labels=labels,
                  starts_at_ns=starts_at_ns, ends_at_ns=event.detected_unix_ns if resolved else 0,
                  anomaly_id=event.id, links=links)

@@ -3,39 +3,47 @@
 Slack answers 200 "ok"; a section text over 3000 characters is a 400, so every section
 is capped below that. Incoming webhooks allow about one message a second with short
 bursts: the sink's rate limiter holds 3 and refills 1 per second.
+
+The alert's title and body are attacker text (`escape`): they travel as ``plain_text``
+(no formatting, no mentions, no links) and the notification fallback is escaped and sent
+with ``mrkdwn: false``; only the dashboard link, which is ours, is mrkdwn (``verbatim``).
+Unfurling is off, so no URL is fetched by Slack either.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from fabricwatch.actions.alerts.base import RESOLVED, Alert, SendResult
+from fabricwatch.actions.escape import slack_escape
 from fabricwatch.actions.alerts.http import JsonPoster, RateLimiter, RetryPolicy, TokenBucket
 from fabricwatch.actions.alerts.message import truncate_chars
 
 MAX_SECTION_CHARS = 2900     # Slack rejects a section text over 3000
 MAX_FALLBACK_CHARS = 3000
-_SEVERITY_EMOJI = {"critical": ":red_circle:", "warning": ":large_orange_circle:", "info": ":large_blue_circle:"}
+_SEVERITY_EMOJI = {"critical": "\U0001f534", "warning": "\U0001f7e0", "info": "\U0001f535"}
+_RESOLVED_EMOJI = "\u2705"
+
+mrkdwn_escape = slack_escape     # the name callers used before `escape` existed
 
 
-def mrkdwn_escape(text: str) -> str:
-    """Slack's three control characters, escaped as its docs ask."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+def _plain(text: str) -> dict[str, Any]:
+    # plain_text: Slack shows it as it is (emoji off, so ":shortcodes:" stay text too)
+    return {"type": "plain_text", "text": truncate_chars(text, MAX_SECTION_CHARS), "emoji": False}
 
 
 def slack_message(alert: Alert) -> dict[str, Any]:
     """The webhook body: `text` (notifications, fallback) and `blocks` (what the channel shows)."""
-    emoji = ":white_check_mark:" if alert.status == RESOLVED else _SEVERITY_EMOJI.get(alert.severity, ":warning:")
-    headline = truncate_chars(f"{emoji} *{mrkdwn_escape(alert.title)}*", MAX_SECTION_CHARS)
+    emoji = _RESOLVED_EMOJI if alert.status == RESOLVED else _SEVERITY_EMOJI.get(alert.severity, "\u26a0")
     blocks: list[dict[str, Any]] = [
-        {"type": "section", "text": {"type": "mrkdwn", "text": headline}},
-        {"type": "section", "text": {"type": "mrkdwn",
-                                     "text": truncate_chars(mrkdwn_escape(alert.body), MAX_SECTION_CHARS)}},
+        {"type": "section", "text": _plain(f"{emoji} {alert.title}")},
+        {"type": "section", "text": _plain(alert.body)},
     ]
     if alert.links:
-        links = " | ".join(f"<{url}|{mrkdwn_escape(text)}>" for text, url in alert.links)
-        blocks.append({"type": "context", "elements": [{"type": "mrkdwn",
+        links = " | ".join(f"<{url}|{slack_escape(text)}>" for text, url in alert.links)
+        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "verbatim": True,
                                                         "text": truncate_chars(links, MAX_SECTION_CHARS)}]})
-    return {"text": truncate_chars(alert.title, MAX_FALLBACK_CHARS), "blocks": blocks}
+    return {"text": truncate_chars(slack_escape(alert.title), MAX_FALLBACK_CHARS), "mrkdwn": False,
+            "unfurl_links": False, "unfurl_media": False, "blocks": blocks}
 
 
 class SlackSink:

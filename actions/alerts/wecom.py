@@ -4,6 +4,12 @@ WeCom answers HTTP 200 with ``errcode`` in the body: 0 is success, 45009 (API fr
 limit) is retried like a 429, anything else (93000 bad key, 40008 bad type, ...) fails.
 Markdown content is capped at 4096 bytes of UTF-8 and text at 2048, both cut on a
 character boundary. A robot takes about 20 messages a minute.
+
+The alert's title and body are attacker text: WeCom markdown has no escape syntax, so its
+markup characters (``<font>``, ``<@user>``, links, ``**``, ``#``, ``@``) become full-width
+look-alikes (`escape.markup_neutral`) in both message types; only the colour tag around
+the title and the dashboard link are ours. Mentions come only from the policy's
+``mentioned`` list, never from the text.
 """
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fabricwatch.actions.alerts.base import RESOLVED, Alert, SendResult
+from fabricwatch.actions.escape import markup_neutral
 from fabricwatch.actions.alerts.http import (FAIL, OK, RETRY, JsonPoster, RateLimiter, RetryPolicy, body_json,
                                             judge_http_status)
 from fabricwatch.actions.alerts.message import truncate_utf8
@@ -25,15 +32,16 @@ _SEVERITY_COLOUR = {"critical": "warning", "warning": "warning", "info": "commen
 
 def wecom_message(alert: Alert, msg_type: str = "markdown", mentioned: Sequence[str] = ()) -> dict[str, Any]:
     """The webhook body; `mentioned` (user ids or "@all") only works for text messages."""
+    title, body = markup_neutral(alert.title), markup_neutral(alert.body)
     if msg_type == "text":
-        content = truncate_utf8(f"{alert.title}\n{alert.body}", MAX_TEXT_BYTES)
+        content = truncate_utf8(f"{title}\n{body}", MAX_TEXT_BYTES)
         text: dict[str, Any] = {"content": content}
         if mentioned:
             text["mentioned_list"] = list(mentioned)
         return {"msgtype": "text", "text": text}
     colour = "info" if alert.status == RESOLVED else _SEVERITY_COLOUR.get(alert.severity, "warning")
-    lines = [f'**<font color="{colour}">{alert.title}</font>**', alert.body]
-    lines.extend(f"[{text}]({url})" for text, url in alert.links)
+    lines = [f'**<font color="{colour}">{title}</font>**', body]
+    lines.extend(f"[{markup_neutral(text)}]({url})" for text, url in alert.links)
     return {"msgtype": "markdown", "markdown": {"content": truncate_utf8("\n".join(lines), MAX_MARKDOWN_BYTES)}}
 
 

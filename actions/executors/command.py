@@ -24,6 +24,14 @@ REQUEUE_JOBS) to that tooling in one of two ways:
 
 When the template names ``{job}`` and the request carries several jobs (REQUEUE_JOBS on a
 node), the command runs once per job; the webhook always sends one body with all of them.
+
+**Placement check.** The job ids and the node come from an anomaly, i.e. from telemetry a
+collector chose, and this executor has no scheduler of its own to ask. So every job is
+first confirmed by ``verify_argv``, a second command template naming ``{job}`` and
+``{node}`` (e.g. a script asking the launcher), run the same way (no shell, allow-listed
+environment, timeout): exit 0 means "this job runs on this node now". A job it does not
+confirm is refused (FAILED, reported) and never restarted; without ``verify_argv`` nothing
+is restarted at all. Jobs confirmed in a request are carried out, the others listed.
 """
 from __future__ import annotations
 
@@ -48,6 +56,7 @@ from fabricwatch.actions.base import (
     ActionRequest,
     ExecutionResult,
 )
+from fabricwatch.actions.escape import untrusted
 from fabricwatch.netaddr import is_loopback
 
 PLACEHOLDERS = frozenset({"job", "node", "rank", "reason", "idempotency_key"})
@@ -127,7 +136,8 @@ class CommandExecutor:
                  handles: Sequence[str] = (EXCLUDE_AND_RESTART,), timeout_s: float = 60.0,
                  env_allow: Sequence[str] = DEFAULT_ENV_ALLOW, output_limit_bytes: int = 16_384,
                  already_exit_code: int | None = None, kill_grace_s: float = 2.0, webhook_attempts: int = 3,
-                 webhook_backoff_s: float = 0.5, cwd: str | None = None) -> None:
+                 webhook_backoff_s: float = 0.5, cwd: str | None = None,
+                 verify_argv: Sequence[str] | None = None) -> None:
         if (argv is None) == (not webhook_url):
             raise ValueError("give exactly one of argv (a command) or webhook_url")
         unknown = set(handles) - HANDLED
@@ -142,6 +152,10 @@ class CommandExecutor:
                              f"got {webhook_attempts}, {webhook_backoff_s}")
         self._fields = template_fields(argv) if argv is not None else frozenset()
         self.argv = tuple(argv) if argv is not None else ()
+        self._verify_fields = template_fields(verify_argv) if verify_argv is not None else frozenset()
+        if verify_argv is not None and not {"job", "node"} <= self._verify_fields:
+            raise ValueError("verify_argv must name both {job} and {node}: it confirms that the job runs on the node")
+        self.verify_argv = tuple(verify_argv) if verify_argv is not None else ()
         self.webhook_url = webhook_url
         self.webhook_secret = webhook_secret
         self.handles = frozenset(handles)
@@ -155,9 +169,12 @@ class CommandExecutor:
         self.cwd = cwd
         if argv is not None:
             self.name = "command"
+            #: What the guard rails count in: the launcher this command drives.
+            self.domain = f"command:{self.argv[0]}"
         else:
             self.name = "webhook"
             parts = urlsplit(webhook_url)
+            self.domain = f"webhook:{parts.hostname or webhook_url}"
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError(f"webhook_url must be an http(s) URL, got {webhook_url!r}")
             if parts.scheme == "http" and not is_loopback(parts.hostname):
@@ -181,30 +198,63 @@ class CommandExecutor:
             return ExecutionResult(FAILED, f"{self.name} executor does not handle {request.action!r}")
         try:
             jobs = (request.target.job,) if request.target.job else tuple(request.jobs)
+            jobs, refusals = await self._confirmed(request, jobs)
+            if not jobs:
+                return ExecutionResult(FAILED, "\n".join(refusals))
             if self.argv:
-                return await self._run_commands(request, jobs)
-            return await self._post(request, jobs)
+                result = await self._run_commands(request, jobs)
+            else:
+                result = await self._post(request, jobs)
+            if refusals:
+                return ExecutionResult(FAILED, "\n".join([*refusals, result.detail]), result.affected)
+            return result
         except Exception as exc:   # a bug must surface as FAILED, never crash the responder
             return ExecutionResult(FAILED, f"{self.name}: {type(exc).__name__}: {exc}")
 
+    async def _confirmed(self, request: ActionRequest, jobs: tuple[str, ...]) -> tuple[tuple[str, ...], list[str]]:
+        """(the jobs `verify_argv` confirms run on the request's node, a refusal line per other one)."""
+        node = request.target.node
+        if not self.verify_argv:
+            return (), [f"refused: {request.action} on {node}: no placement check configured (verify_argv), "
+                        "so no job can be confirmed to run there"]
+        if not jobs:
+            return (), [f"refused: {request.action} on {node}: the request names no job to confirm"]
+        confirmed, refusals = [], []
+        for job in jobs:
+            try:
+                argv = self.render(request, job, self.verify_argv, self._verify_fields)
+            except ValueError as exc:
+                refusals.append(f"refused: job {job!r}: {exc}")
+                continue
+            status, detail = await self._run(argv, request)
+            if status == DONE:
+                confirmed.append(job)
+            else:
+                refusals.append(f"refused: the placement check does not confirm job {job} on {node}:\n{detail}")
+        return tuple(confirmed), refusals
+
     # -- command ------------------------------------------------------------------------------
-    def render(self, request: ActionRequest, job: str) -> list[str]:
-        """The argv for one job; ValueError if a value is unsafe or missing."""
+    def render(self, request: ActionRequest, job: str, template: Sequence[str] | None = None,
+               fields: frozenset[str] | None = None) -> list[str]:
+        """The argv of `template` (default: the command) for one job; ValueError if a value
+        is unsafe or missing."""
+        template = self.argv if template is None else tuple(template)
+        fields = self._fields if fields is None else fields
         values = {"job": job, "node": request.target.node, "rank": request.target.rank,
                   "idempotency_key": request.idempotency_key,
-                  "reason": _CONTROL.sub(" ", request.reason)[:REASON_MAX_CHARS]}
+                  "reason": untrusted(request.reason, REASON_MAX_CHARS)}
         for name in _IDENTIFIER_FIELDS:
-            if name not in self._fields:
+            if name not in fields:
                 continue
             if not values[name]:
                 raise ValueError(f"the template needs {{{name}}} but the request has none")
             if not _IDENTIFIER.match(values[name]):
                 raise ValueError(f"refusing {name} {values[name]!r}: not a plain identifier "
                                  f"(letters, digits, ._:@/+=,- ; no leading '-')")
-        argv = [self.argv[0]]
-        for template in self.argv[1:]:
-            arg = template.format(**values)
-            if arg.startswith("-") and not template.startswith("-"):
+        argv = [template[0]]
+        for item in template[1:]:
+            arg = item.format(**values)
+            if arg.startswith("-") and not item.startswith("-"):
                 raise ValueError(f"refusing argument {arg!r}: a substituted value would make it an option")
             argv.append(arg)
         return argv
@@ -286,7 +336,8 @@ class CommandExecutor:
         """The JSON body, canonical (sorted keys, no spaces) so the signature is reproducible."""
         payload = {"action": request.action, "cluster": request.target.cluster, "node": request.target.node,
                    "rank": request.target.rank, "job": request.target.job, "jobs": list(jobs),
-                   "reason": request.reason, "idempotency_key": request.idempotency_key,
+                   "reason": untrusted(request.reason, REASON_MAX_CHARS),
+                   "idempotency_key": request.idempotency_key,
                    "anomaly_id": request.anomaly_id, "anomaly_dedup_key": request.anomaly_dedup_key}
         return json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
 

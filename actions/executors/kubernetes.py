@@ -11,6 +11,11 @@
   came (remembered in an annotation), so an operator's cordon survives our resume.
 * REQUEUE_JOBS: evict the node's pods (their controllers recreate them elsewhere).
 
+Only pods the API server places on the node are touched: the pods are listed by
+``spec.nodeName``, and each one's own ``spec.nodeName`` is checked again before its
+eviction, so job names an anomaly carries (from telemetry) can never reach a pod elsewhere.
+The guard rails count in this executor's `domain`: the API server it talks to.
+
 Why one patch with the whole taint list. ``NodeSpec.taints`` has no patch strategy, so a
 strategic-merge patch replaces the list: the executor reads the node, builds the full list
 (existing taints kept, ours added once, deduplicated by key and effect as the API requires),
@@ -145,6 +150,8 @@ class KubernetesExecutor:
         self.conflict_retries = conflict_retries
         self._api_client = api_client or self._load_client()
         self._core = k8s.CoreV1Api(self._api_client)
+        #: What the guard rails count in: the Kubernetes cluster, named by its API server.
+        self.domain = f"kubernetes:{self._api_client.configuration.host}"
 
     def _load_client(self) -> k8s.ApiClient:
         configuration = k8s.Configuration()
@@ -264,6 +271,9 @@ class KubernetesExecutor:
         wanted_jobs = set(request.jobs) if self.job_label and request.jobs else None
         for pod in await self._pods_on(node):
             ref = f"{pod.metadata.namespace}/{pod.metadata.name}"
+            if pod.spec is None or pod.spec.node_name != node:
+                report.skipped.append(f"{ref} (not on {node})")   # the API answered for another node
+                continue
             if _not_evictable(pod):
                 report.skipped.append(ref)
                 continue

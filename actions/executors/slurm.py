@@ -13,6 +13,12 @@
 * RESUME_NODE: ``scontrol update nodename=N state=resume``, only for a drain of ours: a node
   drained with another reason (an operator's maintenance) is left drained and FAILED says why.
 
+A job is only touched once Slurm itself says it runs on the node (``squeue -j J``: running
+there now): the job ids an anomaly names come from telemetry, which a collector chose.
+EXCLUDE_AND_RESTART of a job Slurm does not place on the node is refused (FAILED, nothing
+run); a named job elsewhere is left alone. A job already pending with the node excluded
+counts as done (ALREADY): the effect holds.
+
 Moving a job off the node = ``scontrol requeue J`` while it runs there, then
 ``scontrol update jobid=J ExcNodeList=<its list + N>``. That order is forced: Slurm refuses
 ExcNodeList on a running job ("Job is no longer pending execution"). It is safe: a requeued
@@ -331,7 +337,7 @@ class SlurmExecutor:
     handles = frozenset({DRAIN_NODE, DRAIN_AFTER_JOB, RESUME_NODE, REQUEUE_JOBS, EXCLUDE_AND_RESTART})
 
     def __init__(self, scontrol: str = "scontrol", squeue: str = "squeue", slurm_conf: str = "",
-                 command_timeout_s: float = 10.0, completing_wait_s: float = 30.0) -> None:
+                 command_timeout_s: float = 10.0, completing_wait_s: float = 30.0, cluster_name: str = "") -> None:
         if command_timeout_s <= 0:
             raise ValueError(f"command_timeout_s must be > 0, got {command_timeout_s}")
         if completing_wait_s < 0:
@@ -341,6 +347,9 @@ class SlurmExecutor:
         self.slurm_conf = slurm_conf
         self.command_timeout_s = command_timeout_s
         self.completing_wait_s = completing_wait_s
+        self.cluster_name = cluster_name
+        #: What the guard rails count in: the Slurm cluster this executor's scontrol reaches.
+        self.domain = f"slurm:{cluster_name or slurm_cluster_name(slurm_conf)}"
 
     async def execute(self, request: ActionRequest) -> ExecutionResult:
         log: list[str] = []
@@ -372,11 +381,12 @@ class SlurmExecutor:
             changed = await self._drain(node, sanitize_reason(request.reason, request.idempotency_key), log)
             if request.action == DRAIN_AFTER_JOB:
                 return ExecutionResult(DONE if changed else ALREADY, "; ".join(log))
+        required = ()
         if request.action == EXCLUDE_AND_RESTART and request.target.job:
-            job_ids = [request.target.job]
+            job_ids = required = [request.target.job]
         else:
             job_ids = _unique([*explicit_jobs, *await self._running_job_ids(node, log)])
-        moved, failures = await self._move_jobs(job_ids, node, log)
+        moved, failures = await self._move_jobs(job_ids, node, log, required=set(required))
         if failures:
             log.append(f"could not move jobs {failures} off {node}")
             return ExecutionResult(FAILED, "; ".join(log), tuple(moved))
@@ -435,24 +445,28 @@ class SlurmExecutor:
             raise _Refused(result.describe())
         return [job.job_id for job in parse_squeue_jobs(result.stdout)]
 
-    async def _move_jobs(self, job_ids: list[str], node: str, log: list[str]) -> tuple[list[str], list[str]]:
+    async def _move_jobs(self, job_ids: list[str], node: str, log: list[str],
+                         required: set[str] = frozenset()) -> tuple[list[str], list[str]]:
         """Requeue each job that runs on `node` and add `node` to its ExcNodeList.
-        Returns (jobs changed, jobs that could not be moved)."""
+        Returns (jobs changed, jobs that could not be moved); a `required` job that Slurm
+        does not place on `node` is a failure, any other is left alone."""
         moved, failures = [], []
         for job_id in job_ids:
             try:
-                if await self._move_job(job_id, node, log):
+                if await self._move_job(job_id, node, log, job_id in required):
                     moved.append(job_id)
             except _Refused as refused:
                 log.append(str(refused))
                 failures.append(job_id)
         return moved, failures
 
-    async def _move_job(self, job_id: str, node: str, log: list[str]) -> bool:
+    async def _move_job(self, job_id: str, node: str, log: list[str], required: bool = False) -> bool:
         result = await self._run(job_argv(self.squeue, job_id))
         jobs = parse_squeue_jobs(result.stdout) if result.ok else []
         job = next((j for j in jobs if j.job_id == job_id), None)
         if job is None:  # squeue forgets finished jobs after MinJobAge ("Invalid job id")
+            if required:
+                raise _Refused(f"refused: job {job_id} is not in Slurm's queue, so not running on {node}")
             log.append(f"job {job_id}: not in the queue (finished)")
             return False
         try:
@@ -461,9 +475,16 @@ class SlurmExecutor:
         except ValueError as exc:
             raise _Refused(f"job {job_id}: {exc}") from None
         changed = False
-        if job.state in _ON_NODE_STATES and not on_node:
-            # Not on the node: nothing to restart, and Slurm takes no ExcNodeList while it runs.
-            log.append(f"job {job_id}: {job.state} on {job.nodes}, not on {node}, left alone")
+        if node in excluded and not on_node:
+            log.append(f"job {job_id}: {job.state}, {node} already excluded")   # moved before: the effect holds
+            return False
+        if not on_node:
+            # Slurm does not place it there: the anomaly's claim is not confirmed, so nothing is
+            # done (and Slurm takes no ExcNodeList while a job runs anyway).
+            where = f"{job.state} on {job.nodes or 'no node yet'}, not on {node}"
+            if required:
+                raise _Refused(f"refused: job {job_id} is {where} (squeue)")
+            log.append(f"job {job_id}: {where}, left alone")
             return False
         if job.state in _ON_NODE_STATES:
             await self._checked(requeue_argv(self.scontrol, job_id), log)
@@ -515,3 +536,28 @@ class SlurmExecutor:
 
 def _unique(items: list[str]) -> list[str]:
     return list(dict.fromkeys(items))
+
+
+_CLUSTER_NAME_LINE = re.compile(r"^\s*ClusterName\s*=\s*(\S+)", re.IGNORECASE | re.MULTILINE)
+DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
+
+
+def slurm_cluster_name(slurm_conf: str = "") -> str:
+    """``ClusterName`` of the slurm.conf the commands use (`slurm_conf`, else ``$SLURM_CONF``,
+    else /etc/slurm/slurm.conf); the file's path when it names none or cannot be read.
+
+    >>> import tempfile, os
+    >>> with tempfile.NamedTemporaryFile("w", suffix=".conf", delete=False) as f:
+    ...     _ = f.write("SlurmctldHost=h\\nClusterName=gpu-east\\n")
+    >>> slurm_cluster_name(f.name)
+    'gpu-east'
+    >>> os.unlink(f.name); slurm_cluster_name(f.name) == f.name
+    True
+    """
+    path = slurm_conf or os.environ.get("SLURM_CONF", "") or DEFAULT_SLURM_CONF
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            found = _CLUSTER_NAME_LINE.search(fh.read(1_000_000))
+    except OSError:
+        return path
+    return found.group(1).lower() if found else path

@@ -115,9 +115,11 @@ class SwitchPortExecutor:
     handles = frozenset({ISOLATE_PORT, RESTORE_PORT})
 
     def __init__(self, switches: Mapping[str, SwitchSettings], *, value_encoding: str = "json_ietf",
-                 origin: str = "", timeout_s: float = 10.0, check_first: bool = True) -> None:
+                 origin: str = "", timeout_s: float = 10.0, check_first: bool = True, fabric: str = "default") -> None:
         if value_encoding not in VALUE_ENCODINGS:
             raise ValueError(f"value_encoding must be one of {VALUE_ENCODINGS}, got {value_encoding!r}")
+        #: What the guard rails count in: the fabric these switches form (one config = one fabric).
+        self.domain = f"fabric:{fabric}"
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         for name, settings in switches.items():
@@ -138,6 +140,7 @@ class SwitchPortExecutor:
         """The switches of a switch-collector YAML (``fabricwatch collect-switch --config``)."""
         from fabricwatch.collectors.switch import load_config
 
+        kwargs.setdefault("fabric", path)
         return cls({s.name: s for s in load_config(path).switches}, **kwargs)
 
     async def execute(self, request: ActionRequest) -> ExecutionResult:

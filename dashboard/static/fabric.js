@@ -124,7 +124,7 @@
           el("div", { class: "scroll" }, hm)),
         el("div", { class: "cards" },
           el("section", { class: "panel", "aria-labelledby": "open-h" },
-            el("h2", { id: "open-h" }, `Open anomalies (${view.open_anomalies.length})`), openList(view.open_anomalies)),
+            el("h2", { id: "open-h" }, `Open anomalies (${view.open_total ?? view.open_anomalies.length})`), openList(view.open_anomalies)),
           el("section", { class: "panel", "aria-labelledby": "sw-h" },
             el("h2", { id: "sw-h" }, "Leaf and spine switches"), sm))));
     const again = document.activeElement;
