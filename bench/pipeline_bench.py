@@ -45,6 +45,7 @@ from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.streams import topics
 from fabricwatch.streams.decode import pack
 from kafka_bench import broker, reference_rate
+from report import publish
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -289,10 +290,7 @@ End-to-end latency at {lat_rate:,.0f} snapshots/s sent through the gateway (samp
 -> anomaly record received from the anomalies topic), {len(lat)} link flips:
 p50 **{pct(lat, 0.5) * 1000:.0f} ms**, p99 **{pct(lat, 0.99) * 1000:.0f} ms**, max {max(lat, default=float('nan')) * 1000:.0f} ms.
 """
-    print(report)
-    if args.out:
-        with open(args.out, "a", encoding="utf-8") as fh:
-            fh.write(report)
+    publish(report, args.out)
 
 
 if __name__ == "__main__":

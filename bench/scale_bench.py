@@ -44,6 +44,7 @@ import uuid
 from pathlib import Path
 
 from kafka_bench import REFERENCE_S, broker, reference_rate
+from report import publish
 
 REPO = Path(__file__).resolve().parents[1]
 NODES_100K_GPUS = 12_500
@@ -240,10 +241,7 @@ records as the gateway writes them (one per node per collector batch).
 
 Per repeat: {'; '.join(f"{r['info']['nodes']} nodes: " + ', '.join(f"{w['records'] / w['cpu_s']:,.0f}" for w in r['runs']) for r in results)} records/CPU-s.
 """
-    print(report)
-    if args.out:
-        with open(args.out, "a", encoding="utf-8") as fh:
-            fh.write(report)
+    publish(report, args.out)
 
 
 if __name__ == "__main__":

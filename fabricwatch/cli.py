@@ -43,7 +43,7 @@ def _detection_config(args):
     from fabricwatch.streams.pipeline import DetectionConfig
 
     config = DetectionConfig(default_nic_rate=args.default_nic_rate, pfc_detection_time_ms=args.pfc_detection_ms,
-                             pfc_restoration_time_ms=args.pfc_restoration_ms)
+                             pfc_restoration_time_ms=args.pfc_restoration_ms, collector_linger_s=args.collector_linger)
     from fabricwatch.streams.pipeline import DetectionPipeline
 
     DetectionPipeline(config)   # validates every threshold now, before anything starts
@@ -266,6 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="PFC storm detection time T_detect, 100..5000 ms (SONiC pfcwd default 200)")
         sp.add_argument("--pfc-restoration-ms", type=int, default=None,
                         help="PFC storm restoration time, 100..60000 ms (default 2 x detection)")
+        sp.add_argument("--collector-linger", type=float, default=2.0, metavar="SECONDS",
+                        help="the longest the node collectors hold ticks (their gateway.linger_s, 0..10): "
+                             "storms are judged without waiting for it (a pausing port is sent at once)")
 
     sp = sub.add_parser("up", help="run the local stack and show anomalies live")
     sp.add_argument("--broker", help="use this Kafka (host:port) instead of starting the embedded one")

@@ -233,30 +233,51 @@ class StragglerDetector:
 
     def add_step(self, step: RankStep, cluster: str | None = None) -> list[Finding]:
         """Add one rank's report of one step; findings opened, updated or resolved by it."""
-        job = self._jobs.get(step.job_id)
+        return self._add_group(step.job_id, step.step, [step], cluster)
+
+    def add_steps(self, steps: list[RankStep], cluster: str | None = None) -> list[Finding]:
+        """`add_step` for many reports (a node's, one record): grouped by job and step, the
+        per-report work is a dictionary insert (a 100,000-rank job reports 100,000 a step)."""
+        first = steps[0] if steps else None
+        if first is not None and all(s.step == first.step and s.job_id == first.job_id for s in steps):
+            return self._add_group(first.job_id, first.step, steps, cluster)   # the usual record
+        groups: dict[tuple[str, int], list[RankStep]] = {}
+        for step in steps:
+            groups.setdefault((step.job_id, step.step), []).append(step)
+        out: list[Finding] = []
+        for (job_id, number), group in sorted(groups.items()):
+            out += self._add_group(job_id, number, group, cluster)
+        return out
+
+    def _add_group(self, job_id: str, number: int, group: list[RankStep], cluster: str | None) -> list[Finding]:
+        job = self._jobs.get(job_id)
         if job is None:
-            job = self._jobs[step.job_id] = _Job(comm_baseline=deque(maxlen=self.baseline_steps))
-        self._clusters[step.job_id] = cluster if cluster is not None else self.cluster
-        end_ns = step.start_ns + int(step.step_seconds * 1e9)
+            job = self._jobs[job_id] = _Job(comm_baseline=deque(maxlen=self.baseline_steps))
+        self._clusters[job_id] = cluster if cluster is not None else self.cluster
+        first = group[0]
+        end_ns = max(s.start_ns + int(s.step_seconds * 1e9) for s in group) if len(group) > 1 else \
+            first.start_ns + int(first.step_seconds * 1e9)
         job.last_seen_ns = max(job.last_seen_ns, end_ns)
         self._now_ns = max(self._now_ns, end_ns)
         out: list[Finding] = []
-        if self._restarted(job, step):
+        if self._restarted(job, first):
             self.stats["job_restarts"] += 1
             self._reset(job)
-        if step.step in job.done_set or (job.done and step.step < job.done[0] and step.step not in job.pending):
-            self.stats["late_reports"] += 1
+        if number in job.done_set or (job.done and number < job.done[0] and number not in job.pending):
+            self.stats["late_reports"] += len(group)
         else:
-            pending = job.pending.get(step.step)
+            pending = job.pending.get(number)
             if pending is None:
-                pending = job.pending[step.step] = _Pending()
-            pending.reports[step.rank] = step
-            pending.world = max(pending.world, step.world_size)
-            due = [step.step] if len(pending.reports) >= pending.world else []
-            if step.step > job.newest_step:
-                job.newest_step, job.newest_start_ns = step.step, step.start_ns
+                pending = job.pending[number] = _Pending()
+            reports = pending.reports
+            for step in group:
+                reports[step.rank] = step
+            pending.world = max(pending.world, max(s.world_size for s in group))
+            due = [number] if len(reports) >= pending.world else []
+            if number > job.newest_step:
+                job.newest_step, job.newest_start_ns = number, first.start_ns
                 due = sorted(s for s in job.pending if s <= job.newest_step - self.max_step_lag) + due
-            out += self._evaluate_due(step.job_id, job, due)
+            out += self._evaluate_due(job_id, job, due)
         if self._now_ns - self._last_sweep_ns >= JOB_SWEEP_S * 1e9:
             out += self.expire(self._now_ns)
         return out

@@ -85,14 +85,18 @@ class UnknownAnomalyDetector:
         if self.quiet_windows < 1 or self.warm_up < 1:
             raise ValueError("quiet_windows and warm_up must be >= 1")
 
+    def _node(self, source: str, first_ns: int) -> _Node:
+        node = self._nodes.get(source)
+        if node is None:
+            # compact: float32 histories, ~43 KB per node instead of ~88 (one model per node)
+            node = self._nodes[source] = _Node(NoveltyAlarm(warm_up=self.warm_up, range_tolerance=RANGE_TOLERANCE,
+                                                            refractory=REFRACTORY, compact=True), first_ns)
+        return node
+
     def update(self, view: SourceView) -> list[Finding]:
         if view.source_kind != "node":
             return []
-        node = self._nodes.get(view.source)
-        if node is None:
-            node = self._nodes[view.source] = _Node(
-                NoveltyAlarm(warm_up=self.warm_up, range_tolerance=RANGE_TOLERANCE, refractory=REFRACTORY),
-                view.time_ns)
+        node = self._node(view.source, view.time_ns)
         out: list[Finding] = []
         if view.time_ns - node.window_start_ns >= self.window_s * 1e9:
             out = self._close_window(view, node)
@@ -104,11 +108,7 @@ class UnknownAnomalyDetector:
         if batch.source_kind != "node" or not len(batch.times_ns):
             return []
         times = batch.times_ns
-        node = self._nodes.get(batch.source)
-        if node is None:
-            node = self._nodes[batch.source] = _Node(
-                NoveltyAlarm(warm_up=self.warm_up, range_tolerance=RANGE_TOLERANCE, refractory=REFRACTORY),
-                int(times[0]))
+        node = self._node(batch.source, int(times[0]))
         contributions = self._contributions(batch)
         out: list[Finding] = []
         i, n = 0, len(times)

@@ -17,7 +17,14 @@ class DetectionConfig:
     # gateway received longer ago than this, by the wall clock, is marked stale (info
     # severity, `sample_age_s` evidence) and re-raised once live records confirm it.
     max_sample_age_s: float | None = None
+    # The longest a collector holds ticks before handing them over (the node collector's
+    # `gateway.linger_s`). It hands over at once when a port pauses or an XID arrives, so
+    # a partition whose sources are lingering has emitted every watchdog change up to its
+    # newest tick: the storm stage waits for the slowest source minus this, not for it.
+    collector_linger_s: float = 2.0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.collector_linger_s <= 10:
+            raise ValueError(f"collector_linger_s must be within 0..10, got {self.collector_linger_s!r}")
         if self.max_sample_age_s is not None and not self.max_sample_age_s > 0:
             raise ValueError(f"max_sample_age_s must be > 0 or None, got {self.max_sample_age_s!r}")

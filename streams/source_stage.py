@@ -96,7 +96,8 @@ class SourceStage:
         self.accounting = Accounting("telemetry", config.max_sample_age_s)
         self._last_time_ns: dict[str, int] = {}
         self._watermark = LowWatermark(SOURCE_LIVENESS_MS * 1_000_000, SOURCE_MAX_LAG_MS * 1_000_000)
-        self._sent_ns = -(2**62)
+        self._sent_ns = self._sent_pauses_ns = -(2**62)
+        self._linger_ns = int(config.collector_linger_s * 1e9)
         self._swept_ns = 0
         self.stats: Counter[str] = Counter()
 
@@ -185,16 +186,21 @@ class SourceStage:
         if newest - self._swept_ns >= HEALTH_SWEEP_NS:
             self._swept_ns = newest
             out.facts += self.health.sweep(newest)
-        if through - self._sent_ns < _PROGRESS_INTERVAL_NS:
-            return
-        self._sent_ns = through
-        out.facts.append(Progress(self.topic, self.partition, self.partitions, through))
-        out.pause_records.append(SourceProgress("", {self.stream: through}, self.streams))
+        if through - self._sent_ns >= _PROGRESS_INTERVAL_NS:
+            # node health is complete through the slowest live source
+            self._sent_ns = through
+            out.facts.append(Progress(self.topic, self.partition, self.partitions, through))
+        # watchdog changes are complete through the newest tick, up to a collector's linger
+        # past the slowest source (a pausing port is handed over at once, never held)
+        pauses_through = max(through, min(through + self._linger_ns, newest))
+        if pauses_through - self._sent_pauses_ns >= _PROGRESS_INTERVAL_NS:
+            self._sent_pauses_ns = pauses_through
+            out.pause_records.append(SourceProgress("", {self.stream: pauses_through}, self.streams))
 
     def idle(self) -> tuple[Progress, SourceProgress]:
         """The partition has nothing left to read: what tells the other stages so. Its next
         record's progress goes out whatever it advanced (the others wait for it again)."""
-        self._sent_ns = -(2**62)
+        self._sent_ns = self._sent_pauses_ns = -(2**62)
         return partition_idle(self.topic, self.partition, self.partitions, self._watermark.value_ns)
 
     # -- state ----------------------------------------------------------------------------

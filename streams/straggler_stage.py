@@ -48,6 +48,9 @@ MAX_AHEAD_OF_CLOCK_S = 600.0
 MAX_HELD_RECORDS = 200_000
 # A job's placement is republished at least this often while it reports (keeps it from expiring).
 PLACEMENT_REFRESH_NS = 60 * 10**9
+# A job's placement goes out again when its nodes changed, at most this often (event time):
+# a 12,500-node job reports from a new node in each of its first 12,500 records.
+PLACEMENT_MIN_INTERVAL_NS = 5 * 10**9
 MAX_JOBS = 100_000
 _LOOKAHEAD_NS = int(LOOKAHEAD_S * 1e9)
 
@@ -69,7 +72,8 @@ class StragglerStage:
         self._watermark_seen: tuple[int, float] | None = None
         self.clock = time.monotonic
         self.wall_clock_ns = time.time_ns
-        self._placements: dict[tuple[str, str], tuple[frozenset[str], int, int]] = {}  # nodes, last step, sent
+        # (cluster, job) -> [nodes, newest step start, when last sent, nodes changed since]
+        self._placements: dict[tuple[str, str], list] = {}
         # False until the worker has read the facts topic to its end once (before, "no
         # telemetry at all" cannot be told from "not read yet").
         self.facts_ready = True
@@ -99,12 +103,14 @@ class StragglerStage:
         """Hold one record of rank steps (one job's); release what the watermark allows."""
         if steps:
             latest_ns = self.wall_clock_ns() + int(MAX_AHEAD_OF_CLOCK_S * 1e9)
-            plausible = [s for s in steps if _end_ns(s) <= latest_ns]
-            if len(plausible) != len(steps):
+            ends = [_end_ns(s) for s in steps]
+            end = max(ends)
+            if end > latest_ns:
+                plausible = [s for s, e in zip(steps, ends) if e <= latest_ns]
                 self.stats["implausible_rank_steps"] += len(steps) - len(plausible)
-            steps = plausible
+                steps = plausible
+                end = max((e for e in ends if e <= latest_ns), default=0)
         if steps:
-            end = max(_end_ns(s) for s in steps)
             self._seq += 1
             heapq.heappush(self._held, (end, self._seq, cluster, steps[0].job_id, steps, received_ns))
             self.stats["held_records"] += 1
@@ -126,6 +132,7 @@ class StragglerStage:
         free = everything or (self.facts_ready and (not self.facts.heard_progress or stalled))
         if free and stalled and not everything and self._held:
             self.stats["released_health_stalled"] += len(self._held)
+        touched: set[tuple[str, str]] = set()
         while self._held:
             end, _, cluster, job, steps, received_ns = self._held[0]
             if not (free or end + _LOOKAHEAD_NS <= wm or len(self._held) > MAX_HELD_RECORDS):
@@ -134,28 +141,38 @@ class StragglerStage:
             if not free and end + _LOOKAHEAD_NS > wm:
                 self.stats["released_before_health"] += 1     # held too long, or too many held
             started = time.perf_counter()
-            found: list[Finding] = []
-            for step in sorted(steps, key=lambda s: (s.step, s.rank)):
-                found += self.detector.add_step(step, cluster=cluster)
+            found = self.detector.add_steps(sorted(steps, key=lambda s: (s.step, s.rank)), cluster=cluster)
             findings += self.accounting.settle(found, job, received_ns, started)
-            placement = self._place(cluster, job, steps)
+            if self._place(cluster, job, steps):
+                touched.add((cluster, job))
+        for key in sorted(touched):
+            placement = self._placement_due(key)
             if placement is not None:
                 placements.append(placement)
         return findings, placements
 
-    def _place(self, cluster: str, job: str, steps: list[RankStep]) -> JobPlacement | None:
+    def _place(self, cluster: str, job: str, steps: list[RankStep]) -> bool:
+        """Note the nodes of a released record; False when the job is refused (too many)."""
         key = (cluster, job)
-        nodes, last_ns, sent_ns = self._placements.get(key, (frozenset(), 0, 0))
-        new_nodes = nodes | {s.node for s in steps}
-        last_ns = max(last_ns, max(s.start_ns for s in steps))
-        if key not in self._placements and len(self._placements) >= MAX_JOBS:
-            self.stats["jobs_refused"] += 1
+        entry = self._placements.get(key)
+        if entry is None:
+            if len(self._placements) >= MAX_JOBS:
+                self.stats["jobs_refused"] += 1
+                return False
+            entry = self._placements[key] = [set(), 0, -(2**62), False]
+        nodes, before = entry[0], len(entry[0])
+        nodes.update(s.node for s in steps)
+        entry[3] = entry[3] or len(nodes) != before
+        entry[1] = max(entry[1], max(s.start_ns for s in steps))
+        return True
+
+    def _placement_due(self, key: tuple[str, str]) -> JobPlacement | None:
+        nodes, last_ns, sent_ns, changed = self._placements[key]
+        since = last_ns - sent_ns
+        if not (changed and since >= PLACEMENT_MIN_INTERVAL_NS) and since < PLACEMENT_REFRESH_NS:
             return None
-        due = new_nodes != nodes or last_ns - sent_ns >= PLACEMENT_REFRESH_NS
-        self._placements[key] = (new_nodes, last_ns, last_ns if due else sent_ns)
-        if not due:
-            return None
-        return JobPlacement(cluster, job, tuple(sorted(new_nodes)), last_ns)
+        self._placements[key][2:] = [last_ns, False]
+        return JobPlacement(key[0], key[1], tuple(sorted(nodes)), last_ns)
 
     def flush(self) -> tuple[list[Finding], list[JobPlacement]]:
         """Release everything held (the end of a replay)."""

@@ -8,6 +8,7 @@ import itertools
 import random
 
 import pytest
+from helpers import nic_snapshot
 
 from fabricwatch.collectors.faults import PfcStorm
 from fabricwatch.collectors.simulator import ClusterSimulator, Job
@@ -15,6 +16,7 @@ from fabricwatch.models.findings import OPEN, EntityRef, Evidence
 from fabricwatch.models.pfc_storm import PAUSED, PAUSING, PauseStateChange
 from fabricwatch.models.storm_locator import (
     NIC_SOURCE_CONFIDENCE,
+    ORPHAN_GRACE_MS,
     RESTORATION_LAG_MS,
     SILENT_SOURCE_CONFIDENCE,
     SOURCE_LIVENESS_MS,
@@ -27,7 +29,9 @@ from fabricwatch.models.topology import rail_optimised
 from fabricwatch.models.watermark import BUCKET_MS as WATERMARK_BUCKET_MS
 from fabricwatch.models.watermark import LowWatermark as _LowWatermark
 from fabricwatch.streams import source_stage
+from fabricwatch.streams.config import DetectionConfig
 from fabricwatch.streams.decode import snapshot_batch
+from fabricwatch.streams.facts import Progress
 from fabricwatch.streams.storm_stage import StormStage
 from fabricwatch.streams.codec import RecordError, pause_change_from_json, pause_change_to_json
 from fabricwatch.streams.pipeline import DetectionPipeline
@@ -256,17 +260,19 @@ def test_live_order_watermark_trails_the_newest_sample_by_one_interval():
     assert any(isinstance(r, SourceProgress) for r in records)
 
 
-def test_pipeline_node_silent_mid_storm_gets_its_silent_source_root_after_grace_and_liveness():
+def test_pipeline_node_silent_mid_storm_gets_its_silent_source_root_after_grace_within_the_linger():
     """End to end: node-0003 (its NIC mlx5_1/1 the storm's source from 1.0 s) stops reporting
-    at 1.05 s, before its watchdog confirms; its leaf port is named once the node has been
-    silent for the liveness window, and not before."""
+    at 1.05 s, before its watchdog confirms. A pausing port is handed over at once, so the
+    storm stage need not wait for a silent node longer than a collector's linger: its leaf
+    port is named once held for the grace period (not after the 10 s liveness window that
+    node health waits), and not before."""
     storm = PfcStorm(sources=(("node-0003", "mlx5_1/1"),), onset_s=1.0, offset_s=20.0)
     _, findings, _, _ = run_pipeline(12.5, drop=("node-0003", 1.05), faults=[storm])
     storms = [(t, f) for t, f in findings if f.kind == "pfc_storm" and f.state == OPEN]
     assert [(f.entity.path(), f.confidence) for _, f in storms] == [
         ("sim/leaf-u0-r1/Ethernet2", SILENT_SOURCE_CONFIDENCE)]
     t_ns, f = storms[0]
-    assert 1_000 + SOURCE_LIVENESS_MS <= t_ns / MS <= 1_100 + SOURCE_LIVENESS_MS + 300
+    assert 1_000 + ORPHAN_GRACE_MS <= t_ns / MS <= 1_050 + DetectionConfig().collector_linger_s * 1000 + 400
     assert "node-0003 mlx5_1/1" in f.summary
 
 
@@ -356,6 +362,26 @@ def test_an_idle_partition_is_not_waited_for_and_one_never_heard_is():
     stage.locate(idle_2)
     assert stage.watermark_ns > held                 # only 0 is waited for now
     assert pause_change_from_json(pause_change_to_json(idle_2)) == idle_2
+
+
+def test_lingering_collectors_do_not_hold_the_storm_clock_back_but_node_health_waits_for_them():
+    """Live, each node's ticks arrive up to its linger (2 s) late; a pausing port is handed
+    over at once. Stage 1's progress for the storm stage runs at the newest tick (within
+    the linger of the slowest source); its progress for node health (the facts) waits for
+    the slowest source."""
+    from fabricwatch.collectors.node import GatewaySettings
+
+    assert DetectionConfig().collector_linger_s >= GatewaySettings().linger_s
+    stage = source_stage.SourceStage(DetectionConfig(), TOPO, DetectionPipeline().facts, "t", 0, 1)
+    lingering = nic_snapshot(source="node-0001", t_ns=T0, seq=1, cluster="c1")      # held since T0
+    pause_through, health_through = [], []
+    for i, at_ms in enumerate(range(0, 1_600, 100)):                            # another node, every tick
+        out = stage.observe(snapshot_batch(lingering) if i == 0 else
+                            snapshot_batch(nic_snapshot(source="node-0002", t_ns=T0 + at_ms * MS, seq=i, cluster="c1")))
+        pause_through += [r.through_ns_by_source["t/0"] for r in out.pause_records if isinstance(r, SourceProgress)]
+        health_through += [f.through_ns for f in out.facts if isinstance(f, Progress)]
+    assert max(pause_through) >= T0 + 1_400 * MS                                # the newest tick
+    assert max(health_through) == T0                                            # node-0001's last tick
 
 
 # ----------------------------------------------------------------------- the wire and old state

@@ -26,7 +26,8 @@ from fabricwatch.models.topology import rail_optimised
 from fabricwatch.streams.config import DetectionConfig
 from fabricwatch.streams.decode import to_view
 from fabricwatch.streams.facts import FactBook, Progress
-from fabricwatch.streams.straggler_stage import MAX_AHEAD_OF_CLOCK_S, STALLED_S, StragglerStage
+from fabricwatch.streams.straggler_stage import (MAX_AHEAD_OF_CLOCK_S, PLACEMENT_MIN_INTERVAL_NS, STALLED_S,
+                                                 StragglerStage)
 
 S = 10**9
 JOB_A_NODES = ("node-0004", "node-0005", "node-0006", "node-0007")
@@ -450,3 +451,18 @@ def test_a_restored_stage_waits_from_its_own_wall_clock():
     restored = pickle.loads(pickle.dumps(stage))
     restored.release()
     assert restored.held == 1                        # not "stalled for 1e9 s"
+
+
+def test_a_jobs_placement_goes_out_when_its_nodes_change_at_most_every_few_seconds():
+    stage, book = _stage_and_book()                  # no telemetry: released at once
+    sent = []
+    for r in _slow_job(n_steps=12, t0_s=1000.0):     # 8 ranks on nodes n0, n1; steps 3 s apart
+        for rank_step in r:                          # one record per rank: a new node now and then
+            sent += stage.add([rank_step], "c")[1]
+    assert [p.nodes for p in sent][:2] == [("n0",), ("n0", "n1")]
+    assert sent[1].last_step_ns - sent[0].last_step_ns >= PLACEMENT_MIN_INTERVAL_NS
+    assert len(sent) == 2                            # nothing new, and no refresh within 36 s
+    big = StragglerStage(DetectionConfig(), FactBook())
+    many = [RankStep("big", r, 4096, f"n{r // 8}", r % 8, 0, 1000 * S, 1.0, 0.8, 0.2) for r in range(4096)]
+    placements = [p for i in range(0, 4096, 8) for p in big.add(many[i:i + 8], "c")[1]]
+    assert len(placements) == 1                      # not one per node of a 512-node job
