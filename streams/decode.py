@@ -113,8 +113,8 @@ def pack(snaps: Iterable[pb.Snapshot], received_ns: int = 0) -> rec.SourceRecord
             if g is None:
                 g = groups[key] = [[], [], [], {c.name: [] for c in labels}]
             g[0].append(tick)
-            g[1].append(np.array(block.counters, dtype="<u8"))
-            g[2].append(np.array(block.gauges, dtype="<f8"))
+            g[1].extend(block.counters)          # flat lists: one array per layout at the end
+            g[2].extend(block.gauges)
             for column in labels:
                 g[3][column.name].extend(column.values)
         for e in snap.events:
@@ -127,13 +127,13 @@ def pack(snaps: Iterable[pb.Snapshot], received_ns: int = 0) -> rec.SourceRecord
         columns = []
         for name, values in labels.items():
             first = values[:n]
-            if len(ticks) > 1 and all(values[i:i + n] == first for i in range(n, len(values), n)):
+            if n and len(ticks) > 1 and all(values[i:i + n] == first for i in range(n, len(values), n)):
                 values = first                       # the same every tick: sent once
             columns.append(pb.LabelColumn(name=name, values=values))
         out.blocks.add(entity_kind=kind, entity_ids=ids, counter_names=counter_names, gauge_names=gauge_names,
                        ticks=np.array(ticks, dtype="<u2").tobytes(),
-                       counters=np.concatenate(counters).tobytes() if counters else b"",
-                       gauges=np.concatenate(gauges).tobytes() if gauges else b"", labels=columns,
+                       counters=np.array(counters, dtype="<u8").tobytes() if counters else b"",
+                       gauges=np.array(gauges, dtype="<f8").tobytes() if gauges else b"", labels=columns,
                        layout_id=layout_id(key))
     return out
 
