@@ -103,13 +103,12 @@ class StragglerStage:
         """Hold one record of rank steps (one job's); release what the watermark allows."""
         if steps:
             latest_ns = self.wall_clock_ns() + int(MAX_AHEAD_OF_CLOCK_S * 1e9)
-            ends = [_end_ns(s) for s in steps]
-            end = max(ends)
+            end = max(map(_end_ns, steps))
             if end > latest_ns:
-                plausible = [s for s, e in zip(steps, ends) if e <= latest_ns]
+                plausible = [s for s in steps if _end_ns(s) <= latest_ns]
                 self.stats["implausible_rank_steps"] += len(steps) - len(plausible)
                 steps = plausible
-                end = max((e for e in ends if e <= latest_ns), default=0)
+                end = max(map(_end_ns, steps), default=0)
         if steps:
             self._seq += 1
             heapq.heappush(self._held, (end, self._seq, cluster, steps[0].job_id, steps, received_ns))
@@ -141,7 +140,7 @@ class StragglerStage:
             if not free and end + _LOOKAHEAD_NS > wm:
                 self.stats["released_before_health"] += 1     # held too long, or too many held
             started = time.perf_counter()
-            found = self.detector.add_steps(sorted(steps, key=lambda s: (s.step, s.rank)), cluster=cluster)
+            found = self.detector.add_steps(steps, cluster=cluster)
             findings += self.accounting.settle(found, job, received_ns, started)
             if self._place(cluster, job, steps):
                 touched.add((cluster, job))
