@@ -106,8 +106,7 @@ async def load(bootstrap: str, topic: str, records) -> None:
 def spawn_worker(bootstrap: str, prefix: str, group: str, log: Path, extra=()) -> subprocess.Popen:
     env = {**os.environ, "FABRICWATCH_TOPIC_PREFIX": prefix}
     return subprocess.Popen([sys.executable, "-m", "fabricwatch.cli", "--log-level", "INFO", "worker",
-                             "--broker", bootstrap, "--app-id", group, "--stale-after", "0",
-                             "--checkpoint-interval", "5", *extra],
+                             "--broker", bootstrap, "--app-id", group, "--stale-after", "0", *extra],
                             stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
 
 
@@ -128,8 +127,33 @@ async def committed(bootstrap: str, group: str, topic: str, partitions: int) -> 
         await admin.close()
 
 
-async def worker_run(bootstrap: str, prefix: str, topic: str, partitions: int, n: int, workdir: Path) -> dict:
-    """Drain the topic with one worker; CPU-seconds and RSS from its first to its last commit."""
+async def moved_partitions(bootstrap: str, prefix: str, group: str, workdir: Path, timeout_s: float = 120) -> dict:
+    """A second worker joins the drained group: how fast the partitions it is given resume
+    (each loads its checkpoint from the state topic when assigned)."""
+    log = workdir / f"{group}-second.log"
+    started = time.monotonic()
+    proc = spawn_worker(bootstrap, prefix, group, log)
+    try:
+        restored: list[float] = []
+        while time.monotonic() - started < timeout_s:
+            await asyncio.sleep(1.0)
+            restored = [float(x) for x in re.findall(r"restored \S+ from its checkpoint .* in ([0-9.]+) s", log.read_text())]
+            if len(restored) >= 6:               # half of the 12 telemetry partitions, and some of the others
+                break
+        return {"partitions": len(restored), "max_load_s": max(restored, default=float("nan")),
+                "join_to_resumed_s": time.monotonic() - started}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+async def worker_run(bootstrap: str, prefix: str, topic: str, partitions: int, n: int, workdir: Path,
+                     move: bool = False) -> dict:
+    """Drain the topic with one worker; CPU-seconds and RSS from its first to its last commit;
+    with ``move``, then a second worker takes half of the partitions."""
     group = f"bench-{uuid.uuid4().hex[:6]}"
     proc = spawn_worker(bootstrap, prefix, group, workdir / f"{group}.log")
     try:
@@ -148,17 +172,19 @@ async def worker_run(bootstrap: str, prefix: str, topic: str, partitions: int, n
         else:
             raise TimeoutError("worker did not drain the topic in 30 min")
         last = (done, now_cpu, now_rss, time.monotonic())
-        log = workdir / f"{group}.log"
-        await asyncio.sleep(7)                   # one more checkpoint, of the drained state
-        written = re.findall(r"checkpointed \d+ partitions: (\d+) bytes", log.read_text())
-        return {"records": last[0] - first[0], "cpu_s": last[1] - first[1], "wall_s": last[3] - first[3],
-                "rss_start": first[2], "rss_end": last[2], "checkpoint_bytes": int(written[-1]) if written else 0}
+        out = {"records": last[0] - first[0], "cpu_s": last[1] - first[1], "wall_s": last[3] - first[3],
+               "rss_start": first[2], "rss_end": last[2]}
+        if move:
+            out["move"] = await moved_partitions(bootstrap, prefix, group, workdir)
     finally:
-        proc.terminate()
+        proc.terminate()                         # its shutdown checkpoint holds the drained state
         try:
-            proc.wait(30)
+            proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
+    written = re.findall(r"checkpointed \d+ partitions: (\d+) bytes", (workdir / f"{group}.log").read_text())
+    out["checkpoint_bytes"] = max(map(int, written), default=0)     # the checkpoint of every partition
+    return out
 
 
 def in_process_rate(records) -> float:
@@ -195,7 +221,8 @@ async def one_size(bootstrap: str, nodes: int, args, workdir: Path) -> dict:
         await topics.ensure_topics(bootstrap, specs)
         await load(bootstrap, topic, records)
         ref.append(await reference_rate(bootstrap, topic, len(records)))
-        w = await worker_run(bootstrap, prefix, topic, topics.PARTITIONS, len(records), workdir)
+        w = await worker_run(bootstrap, prefix, topic, topics.PARTITIONS, len(records), workdir,
+                             move=r == args.repeats - 1)
         w["records_per_cpu_s"] = w["records"] / w["cpu_s"]
         work.append(w)
         print(f"  repeat {r + 1}: reference {ref[-1]:,.0f} records/CPU-s; worker {w['records_per_cpu_s']:,.0f} "
@@ -209,7 +236,23 @@ async def one_size(bootstrap: str, nodes: int, args, workdir: Path) -> dict:
             "us_per_tick": per_record_cpu * info["records"] / info["ticks"] * 1e6,
             "inproc_us_per_tick": 1e6 / med(inproc),
             "rss_per_node": med(w["rss_end"] / nodes for w in work),
-            "checkpoint_per_node": med(w["checkpoint_bytes"] / nodes for w in work), "runs": work, "refs": ref}
+            "checkpoint_per_node": med(w["checkpoint_bytes"] / nodes for w in work), "runs": work, "refs": ref,
+            "move": work[-1].get("move", {})}
+
+
+def projection(results) -> str:
+    """Worker CPU = fixed + per node x nodes, fitted through the sizes run: part of the
+    cost (each partition's progress, the facts every worker reads) does not grow with the
+    cluster, so the per-size projection overstates it."""
+    if len(results) < 2:
+        return ""
+    xs = [r["info"]["nodes"] for r in results]
+    ys = [r["cpu_per_sim_s"] for r in results]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    fixed = my - slope * mx
+    return (f"Fitted: {fixed:.2f} CPU-s/s fixed + {slope * 1e6:.0f} CPU-us/s per node: "
+            f"**{fixed + slope * NODES_100K_GPUS:.1f} cores for 12,500 nodes** (100,000 GPUs).")
 
 
 async def main(args) -> None:
@@ -240,6 +283,13 @@ records as the gateway writes them (one per node per collector batch).
 {chr(10).join(rows)}
 
 Per repeat: {'; '.join(f"{r['info']['nodes']} nodes: " + ', '.join(f"{w['records'] / w['cpu_s']:,.0f}" for w in r['runs']) for r in results)} records/CPU-s.
+{projection(results)}
+
+A second worker joining the drained group (the partitions it gets load their checkpoints
+when assigned): {'; '.join(f"{r['info']['nodes']} nodes: {r['move'].get('partitions', 0)} partitions resumed, "
+                          f"slowest checkpoint load {r['move'].get('max_load_s', float('nan')):.2f} s, "
+                          f"{r['move'].get('join_to_resumed_s', float('nan')):.1f} s from its start (process start "
+                          f"and the rebalance included)" for r in results)}.
 """
     publish(report, args.out)
 

@@ -147,11 +147,9 @@ def storm_then_straggler(tmp_path: Path, seconds: float = 22.0) -> Episode:
 def assert_exactly_once(episode: Episode, events: list[ev.AnomalyEvent], *, oracle_ids: bool) -> list[str]:
     """Per injected fault: one distinct OPEN and one distinct RESOLVED id.
 
-    With `oracle_ids`, each must be the oracle's. Not with two workers: the straggler
-    detector reads network causes from its own process's node-health book, so a worker
-    that does not hold the straggler's node's telemetry partition may confirm it a step
-    earlier or later than the single-process oracle (docs/architecture.md, several workers).
-    Returns the other keys opened (storm roots the oracle did not name).
+    With `oracle_ids`, each must be the oracle's (any number of workers gives the answer
+    of one: node health travels as facts, joins run on event time). Returns the other keys
+    opened (storm roots the oracle did not name).
     """
     seen: dict[tuple[str, int], set[str]] = defaultdict(set)
     for e in events:
@@ -210,7 +208,7 @@ async def run_kill_scenario(broker: LocalKafka, tmp_path: Path, *, takeover: boo
         for w in (a, b):
             if w is not None:
                 w.stop()
-    extra = assert_exactly_once(episode, events, oracle_ids=not takeover)
+    extra = assert_exactly_once(episode, events, oracle_ids=True)
     assert not extra, f"storm roots the oracle does not name: {extra}"   # the catch-up watermark
     return {"kills": kills, "events": len(events), "distinct_ids": len({e.id for e in events}), "extra_opened": extra}
 
