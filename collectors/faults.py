@@ -23,27 +23,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Union
 
+from fabricwatch.xid import CATALOG as XID_CATALOG
+from fabricwatch.xid import GPU_LOST_XIDS, PREEMPTIVE_CLEANUP, UNCORRECTABLE_ECC_XIDS, is_gpu_fault
+
 INF = math.inf
 
-# XID texts as the NVIDIA Xid catalog names them (used in DeviceEvent.detail).
-XID_TEXT = {
-    13: "Graphics Engine Exception",
-    31: "GPU memory page fault",
-    43: "GPU stopped processing",
-    48: "Double Bit ECC Error",
-    63: "ECC page retirement or row remapping recording event",
-    64: "ECC page retirement or row remapper recording failure",
-    74: "NVLink Error",
-    79: "GPU has fallen off the bus",
-    92: "High single-bit ECC error rate",
-    94: "Contained ECC error",
-    95: "Uncontained ECC error",
-    119: "GSP RPC Timeout",
-}
-# XIDs that come with an uncorrectable ECC error (the volatile DBE counter rises).
-XID_UNCORRECTABLE_ECC = frozenset({48, 94, 95})
-# XIDs after which the GPU can no longer be read (gauges NaN, its job hangs).
-XID_GPU_LOST = frozenset({79})
+# XID facts from NVIDIA's Xid catalog, one source for the simulator and the detectors
+# (`fabricwatch.xid`): the text the driver logs, which XIDs raise the DBE counter, which lose the GPU.
+XID_TEXT = {code: info.text for code, info in XID_CATALOG.items()}
+XID_UNCORRECTABLE_ECC = UNCORRECTABLE_ECC_XIDS
+XID_GPU_LOST = GPU_LOST_XIDS
 
 # NVML clocks-event reason bits.
 REASON_GPU_IDLE = 0x1
@@ -364,8 +353,87 @@ class ClockSkew:
         _check_times(self.onset_s, self.offset_s)
 
 
+@dataclass(frozen=True)
+class XidCascade(GpuXid):
+    """A hardware XID on one GPU, then XID 45 (preemptive cleanup) on sibling GPUs of its node.
+
+    The driver tears down the channels of every context that shared the failing GPU (the
+    job's other ranks on the node) and logs 45 for each: ``victims`` are those GPU indices,
+    ``delays_s`` when each logs it after ``onset_s`` (NVIDIA driver: within ms to a few s).
+    Ground truth: one ``gpu_xid`` on the root GPU; the siblings are victims, not faults.
+
+    >>> c = XidCascade("node-0001", 2, 79, onset_s=10.0, offset_s=20.0, victims=(0, 5), delays_s=(0.2, 1.5))
+    >>> c.cleanups()
+    [(0, 10.2), (5, 11.5)]
+    """
+    victims: tuple[int, ...] = ()
+    delays_s: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not is_gpu_fault(self.code):
+            raise ValueError(f"XidCascade: root XID {self.code} is not a GPU fault in the Xid catalog")
+        if len(self.delays_s) != len(self.victims):
+            raise ValueError("XidCascade: one delay per victim GPU")
+        if self.gpu in self.victims or len(set(self.victims)) != len(self.victims):
+            raise ValueError("XidCascade: victims are distinct sibling GPUs")
+        if any(not 0 <= d <= 10 for d in self.delays_s):
+            raise ValueError(f"XidCascade: delays_s must be in [0, 10], got {self.delays_s!r}")
+
+    def cleanups(self) -> list[tuple[int, float]]:
+        """(victim GPU, time) of each XID 45."""
+        return [(g, round(self.onset_s + d, 6)) for g, d in zip(self.victims, self.delays_s)]
+
+
+@dataclass(frozen=True)
+class ApplicationXid:
+    """A user bug: application-level XIDs (13, 31, 43, ...) on a job's GPUs of one node.
+
+    Each burst logs ``code`` on every GPU of ``gpus`` at ``onset_s + k * period_s``
+    (``bursts`` times), then XID 45 on ``cleanup`` GPUs ``cleanup_delay_s`` later (the
+    driver stopping the job's other contexts). With ``crash`` the job dies and restarts
+    from its checkpoint after each burst. Not a GPU fault: must not fire (``expect_alert``
+    False).
+    """
+    node: str
+    gpus: tuple[int, ...]
+    onset_s: float
+    code: int = 13
+    bursts: int = 1
+    period_s: float = 180.0
+    cleanup: tuple[int, ...] = ()
+    cleanup_delay_s: float = 0.5
+    crash: bool = False
+    kind = "application_xid"
+
+    def __post_init__(self) -> None:
+        if is_gpu_fault(self.code) or self.code == PREEMPTIVE_CLEANUP:
+            raise ValueError(f"ApplicationXid: XID {self.code} is not application-level in the Xid catalog")
+        if not self.gpus or self.bursts < 1 or not self.period_s > 0 or not 0 <= self.cleanup_delay_s <= 10:
+            raise ValueError("ApplicationXid: needs gpus, bursts >= 1, period_s > 0, cleanup_delay_s in [0, 10]")
+        if set(self.gpus) & set(self.cleanup):
+            raise ValueError("ApplicationXid: cleanup GPUs are the job's other GPUs")
+        _check_times(self.onset_s, self.offset_s)
+
+    @property
+    def offset_s(self) -> float:
+        return self.onset_s + (self.bursts - 1) * self.period_s + self.cleanup_delay_s + 1e-3
+
+    def occurrences(self) -> list[tuple[int, int, float]]:
+        """(GPU, code, time) of every XID this bug logs, in time order."""
+        out = []
+        for k in range(self.bursts):
+            t = self.onset_s + k * self.period_s
+            out += [(g, self.code, round(t, 6)) for g in self.gpus]
+            out += [(g, PREEMPTIVE_CLEANUP, round(t + self.cleanup_delay_s, 6)) for g in self.cleanup]
+        return out
+
+    def burst_times(self) -> list[float]:
+        return [self.onset_s + k * self.period_s for k in range(self.bursts)]
+
+
 Fault = Union[LinkDowngrade, NicPcieDowngrade, GpuPcieDowngrade, LinkFlap, AdminToggle, PfcStorm,
-              Straggler, GpuXid, EccUncorrectable, NodeReboot, ClockSkew]
+              Straggler, GpuXid, EccUncorrectable, NodeReboot, ClockSkew, XidCascade, ApplicationXid]
 
 
 @dataclass(frozen=True)
@@ -378,7 +446,8 @@ class GroundTruth:
     the fault is also visible (the leaf port facing a NIC, the straggler's GPU). Times are
     absolute event time; ``offset_unix_ns`` is None when the fault outlives the run.
     ``expect_alert`` is False for the must-not-fire cases (admin toggle, reboot, XON
-    flood, a storm shorter than the detection time, clock skew).
+    flood, a storm shorter than the detection time, clock skew, application XIDs of a user
+    bug, an XID of the catalog's application category).
     """
     kind: str
     entity: str

@@ -55,10 +55,12 @@ from fabricwatch.collectors.faults import (
     Fault, GpuPcieDowngrade, GpuXid, GroundTruth, LinkDowngrade, LinkFlap, NicPcieDowngrade,
     NodeReboot, PfcStorm, Straggler, gpu_path, nic_path, port_path, rank_path,
 )
+from fabricwatch.collectors.faults import ApplicationXid, XidCascade
 from fabricwatch.counters import GPU_GAUGES, NIC_GAUGES, SWITCH_GAUGES, Overflow, spec_for
 from fabricwatch.models.linkrate import parse_ib_rate
 from fabricwatch.models.topology import Topology, rail_optimised
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
+from fabricwatch.xid import is_gpu_fault
 
 __all__ = [
     "COLLECTOR_CADENCE", "Cadence", "ClusterSimulator", "Job", "auto_jobs", "demo_scenario",
@@ -628,6 +630,11 @@ class ClusterSimulator:
                     raise ValueError(f"LinkDowngrade: unparseable rate {f.rate!r}")
             elif isinstance(f, (GpuPcieDowngrade, GpuXid, EccUncorrectable)):
                 self._gpu_index(f.node, f.gpu, type(f).__name__)
+                for g in getattr(f, "victims", ()):
+                    self._gpu_index(f.node, g, type(f).__name__)
+            elif isinstance(f, ApplicationXid):
+                for g in (*f.gpus, *f.cleanup):
+                    self._gpu_index(f.node, g, "ApplicationXid")
             elif isinstance(f, (NodeReboot, ClockSkew)):
                 if f.node not in self._node_idx:
                     raise ValueError(f"{type(f).__name__}: unknown node {f.node!r}")
@@ -797,6 +804,17 @@ class ClusterSimulator:
                         fs.job_stall[self._node_job[n]] = True
                     elif t0 <= f.offset_s < t1:   # the GPU is back: its job restarts
                         fs.job_restart_left[self._node_job[n]] = 30.0
+                if isinstance(f, XidCascade):   # the driver's cleanup of the contexts that shared it
+                    for v, t in f.cleanups():
+                        if t0 <= t < t1:
+                            fs.events.setdefault(n, []).append(("xid", v, 45, t))
+            elif isinstance(f, ApplicationXid):
+                n = self._node_idx[f.node]
+                for g, code, t in f.occurrences():
+                    if t0 <= t < t1:
+                        fs.events.setdefault(n, []).append(("xid", g, code, t))
+                if f.crash and self._node_job[n] >= 0 and any(t0 <= t < t1 for t in f.burst_times()):
+                    fs.job_restart_left[self._node_job[n]] = 30.0   # the job died: restart from its checkpoint
             elif isinstance(f, EccUncorrectable):
                 n = self._node_idx[f.node]
                 g = n * G + f.gpu
@@ -1534,8 +1552,16 @@ class ClusterSimulator:
                                        detail={"cause": f.cause, "factor": f.factor, "node": f.node, "gpu": f.gpu}))
             elif isinstance(f, GpuXid):
                 occ = f.occurrences(until_s=f.offset_s if f.offset_s != INF else f.onset_s + 3600)
+                victims = tuple(gpu_path(f.node, g) for g in getattr(f, "victims", ()))
                 out.append(GroundTruth(f.kind, gpu_path(f.node, f.gpu), self._ns(f.onset_s), self._ns(f.offset_s),
-                                       detail={"code": f.code, "occurrences": len(occ), "repeat_s": f.repeat_s}))
+                                       victims=victims, expect_alert=is_gpu_fault(f.code),
+                                       detail={"code": f.code, "occurrences": len(occ), "repeat_s": f.repeat_s,
+                                               "cleanup_xid45": len(victims)}))
+            elif isinstance(f, ApplicationXid):
+                out.append(GroundTruth(f.kind, gpu_path(f.node, f.gpus[0]), self._ns(f.onset_s), self._ns(f.offset_s),
+                                       victims=tuple(gpu_path(f.node, g) for g in f.cleanup),
+                                       related=tuple(gpu_path(f.node, g) for g in f.gpus[1:]), expect_alert=False,
+                                       detail={"code": f.code, "bursts": f.bursts, "crash": f.crash}))
             elif isinstance(f, EccUncorrectable):
                 out.append(GroundTruth(f.kind, gpu_path(f.node, f.gpu), self._ns(f.onset_s), self._ns(f.offset_s),
                                        detail={"count": f.count}))

@@ -115,6 +115,11 @@ WORKER_DECODE_ERRORS = _metric("worker", Counter,
     "fabricwatch_worker_decode_errors_total",
     "Records skipped by the worker: malformed_record (undecodable) or processing_error (a detector raised).",
     ["reason"])
+WORKER_GPU_XIDS = _metric("worker", Counter,
+    "fabricwatch_worker_gpu_xids_total",
+    "XID events read, by what NVIDIA's Xid catalog makes of them: gpu_fault (opens or updates gpu_xid), "
+    "application (a user bug or a solo XID 45: job-level, no anomaly), consequence (XID 45 attached to a fault).",
+    ["category"])
 WORKER_LATE_SNAPSHOTS = _metric("worker", Counter,
     "fabricwatch_worker_late_snapshots_total", "Snapshots skipped as duplicates or older than the source's last one.")
 DETECTOR_PROCESSING_SECONDS = _metric("worker", Histogram,

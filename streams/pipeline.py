@@ -125,6 +125,7 @@ class DetectionPipeline:
         total: Counter[str] = Counter(self.stats)
         total.update(self.sources.stats)
         total.update(self.sources.rates.stats)
+        total.update(self.sources.gpu_faults.stats)
         total.update(self.stragglers.stats)
         for acct in (self.sources.accounting, self.storms.accounting, self.stragglers.accounting):
             total.update(acct.stats)

@@ -90,7 +90,8 @@ class SourceStage:
         self.rates = RateTracker()
         self.downgrade = LinkDowngradeDetector(topology, config.default_nic_rate, config.gpu_busy_utilization_pct,
                                                nominal=facts.nominal)
-        self.detectors = [self.downgrade, LinkFlapDetector(topology), GpuFaultDetector(), UnknownAnomalyDetector()]
+        self.gpu_faults = GpuFaultDetector()
+        self.detectors = [self.downgrade, LinkFlapDetector(topology), self.gpu_faults, UnknownAnomalyDetector()]
         self.watchdog = PfcWatchdog(config.pfc_detection_time_ms, config.pfc_restoration_time_ms)
         self.health = HealthTracker(topology=topology, nominal=facts.nominal)
         self.accounting = Accounting("telemetry", config.max_sample_age_s)

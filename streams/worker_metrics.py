@@ -1,7 +1,7 @@
 """The worker's metrics that are read rather than counted, refreshed by a Faust timer.
 
 Consumed records per topic come from Faust's own monitor (it counts every message
-anyway), decode and processing errors from `StageHandlers.stats`, open anomalies from the
+anyway), decode and processing errors from `StageHandlers.stats`, XIDs by catalog category from the GPU fault detectors, open anomalies from the
 stages of the partitions held here, the consumer lag per assigned partition from the
 Kafka consumer (highwater minus the position of the stream: the offset after the last
 record handed to an agent, or the fetch position before the first one), whether the
@@ -22,11 +22,15 @@ from fabricwatch.metrics import CounterMirror
 from .fact_reader import FactReader
 from .handlers import StageHandlers
 from .partitions import PartitionStates
+from .source_stage import SourceStage
 from .straggler_stage import StragglerStage
 
 log = logging.getLogger("fabricwatch.worker")
 REFRESH_INTERVAL_S = 5.0
 # StageHandlers.stats keys -> `reason` label of fabricwatch_worker_decode_errors_total.
+# GpuFaultDetector.stats keys -> `category` label of fabricwatch_worker_gpu_xids_total.
+GPU_XID_CATEGORIES = {"xid_gpu_fault": "gpu_fault", "xid_application": "application",
+                      "xid_consequence": "consequence"}
 DECODE_ERROR_REASONS = {"malformed_records": "malformed_record", "processing_errors": "processing_error",
                         "events_without_cloudevent_headers": "event_without_headers"}
 
@@ -43,6 +47,7 @@ class WorkerMetrics:
         self.caught_up_lag = caught_up_lag
         self._consumed = CounterMirror(metrics.WORKER_RECORDS_CONSUMED)
         self._errors = CounterMirror(metrics.WORKER_DECODE_ERRORS, rename=DECODE_ERROR_REASONS)
+        self._xids = CounterMirror(metrics.WORKER_GPU_XIDS, rename=GPU_XID_CATEGORIES)
         self._open_labels: set[tuple[str, str]] = set()
         self._lag_labels: set[tuple[str, str]] = set()
         metrics.WORKER_CHECKPOINT_AGE.set_function(lambda: max(0.0, time.time() - states.checkpointed_at_s)
@@ -51,6 +56,7 @@ class WorkerMetrics:
     async def refresh(self) -> None:
         self._consumed.sync(self.app.monitor.messages_received_by_topic)
         self._errors.sync(self.handlers.stats)
+        self._xids.sync(sum((s.gpu_faults.stats for _, s in self.states.of_kind(SourceStage)), Counter()))
         self.export_open_anomalies()
         lags = await self.export_lag()
         caught_up = self.reader.ready.is_set() and lags is not None and all(

@@ -10,7 +10,8 @@ Rules (one scenario, one detector at a time; only OPEN events count as alarms):
   within ``[onset - CLOCK_TOLERANCE, offset + grace]``. The source entity is the ground
   truth's ``entity``; for a NIC link (downgrade, flap, storm) the leaf port facing it is the
   same link, so an event there is the same incident (counted once, never twice). A storm
-  named on a **victim** is a FP. A straggler matches on job and rank (and on the node, when
+  named on a **victim** is a FP, and so is a ``gpu_xid`` on a sibling GPU that only logged
+  XID 45 (preemptive cleanup) after the root fault. A straggler matches on job and rank (and on the node, when
   the event names one). Delay = ``detected_unix_ns - onset_unix_ns`` of the first TP.
 * **Duplicate**: a further OPEN for a fault already detected (the NIC and its leaf port,
   a re-open after a resolve): neither TP nor FP.
@@ -20,7 +21,7 @@ Rules (one scenario, one detector at a time; only OPEN events count as alarms):
   TP nor FP, counted separately.
 * **FP**: every other OPEN, attributed to the class of its kind. Must-not-fire faults
   (``expect_alert=False``: admin toggle, reboot, XON flood, a storm shorter than T_detect,
-  clock skew) are never TPs, so whatever opens on them is a FP; `Match.fp_reason` says why.
+  clock skew, application XIDs of a user bug) are never TPs, so whatever opens on them is a FP; `Match.fp_reason` says why.
 * **FN**: an ``expect_alert`` fault with no TP.
 
 >>> from fabricwatch.collectors.faults import GroundTruth
@@ -42,8 +43,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from fabricwatch.collectors.faults import XID_UNCORRECTABLE_ECC, GroundTruth
+from fabricwatch.collectors.faults import GroundTruth
 from fabricwatch.protos.v1 import events_pb2 as ev
+from fabricwatch.xid import UNCORRECTABLE_ECC_XIDS
 
 from .scenarios import fault_class
 
@@ -64,6 +66,10 @@ CONSEQUENCES: dict[str, frozenset[str]] = {
     "gpu_ecc_uncorrectable": frozenset(),
     "straggler": frozenset(),
 }
+
+# Classes whose ground truth names victims that are not at fault (storm-paused ports; the
+# sibling GPUs whose contexts an XID cascade cleaned up with XID 45): an alarm there is a FP.
+_VICTIM_CLASSES = frozenset({"pfc_storm", "gpu_xid"})
 
 # Kinds whose source is a NIC link: the leaf port facing it is the same incident.
 _LINK_CLASSES = frozenset({"link_downgrade", "link_flap", "pfc_storm"})
@@ -209,7 +215,7 @@ def _explains(t: _Truth, d: Detection, cls: str) -> bool:
     if not t.gt.expect_alert or t.cls is None:
         return False
     if t.cls == "gpu_xid" and cls == "gpu_ecc_uncorrectable":
-        return d.entity == t.gt.entity and int(t.gt.detail.get("code", 0)) in XID_UNCORRECTABLE_ECC
+        return d.entity == t.gt.entity and int(t.gt.detail.get("code", 0)) in UNCORRECTABLE_ECC_XIDS
     if cls not in CONSEQUENCES.get(t.cls, ()):
         return False
     node = d.node or _node_of(d.entity)
@@ -242,7 +248,7 @@ def match(detections: list[Detection | None], gts: list[GroundTruth], interval_s
             m.explained.append((d, why.index))
             continue
         reason = "unexplained"
-        if cls == "pfc_storm" and any(d.entity in t.victims for t in active if t.cls == "pfc_storm"):
+        if cls in _VICTIM_CLASSES and any(d.entity in t.victims for t in active if t.cls == cls):
             reason = "victim named as source"
         mnf = [t for t in active if not t.gt.expect_alert]
         if mnf:

@@ -694,17 +694,17 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
     add("## Method")
     add("")
     add("* Suites (`fabricwatch/evaluation/scenarios.py`): **fault mix** (1 s sampling, 8 nodes: NIC speed or "
-        "lanes low, NIC and GPU PCIe width, cable link-down flaps, GPU XIDs incl. 48/79/94/95, uncorrectable "
-        "ECC; two rounds of six faults on distinct entities per scenario); **stragglers** (1 s, 8 nodes: one slow "
+        "lanes low, NIC and GPU PCIe width, cable link-down flaps, hardware GPU XIDs of NVIDIA's catalog, half followed by XID 45 on "
+        "sibling GPUs, uncorrectable ECC, a buggy job's application XIDs; two rounds of six faults on distinct entities per scenario); **stragglers** (1 s, 8 nodes: one slow "
         "rank per multi-node job, thermal / software-thermal / power cap / invisible / downgraded NIC / storm "
         "next door, 1.2-2x); **PFC storms** (0.1 s sampling, 4 nodes, after the sonic-mgmt pfcwd test plan: "
         "single-port during traffic, two-port on the same and on different leaves, all ports of a leaf, no "
         "traffic, NIC watchdog, over a minute); **must-not-fire** (storms of 50-150 ms < T_detect, XON floods, "
-        "admin toggles, NIC watchdog at 100 ms, node reboot, clock skew); **healthy** runs (64 nodes at 1 s, "
-        "8 nodes at 0.1 s). Every scenario has its own seed (placement of jobs, noise, entities).")
+        "admin toggles, NIC watchdog at 100 ms, node reboot, clock skew, application XIDs of buggy user code); **healthy** runs (64 nodes at 1 s, "
+        "8 nodes at 0.1 s; one busy node in eight throws application XIDs every 1-4 min). Every scenario has its own seed (placement of jobs, noise, entities).")
     add("* Ground truth: `ClusterSimulator.ground_truth()`: source entity, victims, onset, offset, "
         "`expect_alert`. Scoring rules: `fabricwatch/evaluation/matching.py` (module docstring). A NIC and the "
-        "leaf port facing it are one incident (never double-counted); a storm named on a victim is a FP; a "
+        "leaf port facing it are one incident (never double-counted); a storm or a GPU fault named on a victim (an XID 45 sibling) is a FP; a "
         "straggler matches on job + rank (+ node). Alarms that are known consequences of an expected fault on "
         "an entity it touches (a straggler named on the node whose NIC is downgraded or paused, uncorrectable "
         "ECC with XID 48/94/95 on that GPU) are counted as explained, not as FPs.")

@@ -10,7 +10,9 @@ Suites (``suite`` field):
 
 * ``fault_mix`` (1 s sampling, 8 nodes): the real fault mix, two rounds of six faults on
   distinct entities per scenario: NIC link speed/lanes low, NIC and GPU PCIe width,
-  cable link-down (flaps), GPU XIDs (incl. 48/79/94/95), uncorrectable ECC errors.
+  cable link-down (flaps), hardware GPU XIDs (48/63/64/74/79/92/94/95/119/120, half of them
+  followed by XID 45 on 1-7 sibling GPUs), uncorrectable ECC errors; plus one buggy job's
+  application XIDs (13/31/43, must not fire) per round.
 * ``straggler`` (1 s, 8 nodes): one slow rank per multi-node job, from thermal, software
   thermal or power capping, an invisible cause (slow data loader) or a downgraded NIC.
 * ``pfc_storm`` (0.1 s, 4 nodes): the sonic-mgmt pfcwd test plan: single-port storms during
@@ -20,8 +22,10 @@ Suites (``suite`` field):
   long enough for a ``for: 1m`` rule.
 * ``must_not_fire``: storms shorter than T_detect, the NIC watchdog ending a storm after
   100 ms, XON floods (5 s; 110 s), admin port toggles (leaf port facing a NIC, leaf
-  uplink), a node reboot, clock skew (0.1 s or 1 s sampling as fits).
-* ``healthy``: long noisy healthy runs for the false-alarm rate, sized in node-hours.
+  uplink), a node reboot, clock skew, application XIDs of buggy user code (0.1 s or 1 s
+  sampling as fits).
+* ``healthy``: long noisy healthy runs for the false-alarm rate, sized in node-hours; one
+  busy node in eight runs buggy code that throws application XIDs every 1-4 minutes.
 
 Every scenario has its own seed (job placement, noise), entities are drawn per seed.
 
@@ -47,6 +51,7 @@ from fabricwatch.collectors.faults import (
     INF, STORM_DETECTION_TIME_S, AdminToggle, ClockSkew, EccUncorrectable, Fault, GpuPcieDowngrade, GpuXid,
     LinkDowngrade, LinkFlap, NicPcieDowngrade, NodeReboot, PfcStorm, Straggler,
 )
+from fabricwatch.collectors.faults import ApplicationXid, XidCascade
 from fabricwatch.collectors.simulator import DEFAULT_START_UNIX_NS, ClusterSimulator, Job, auto_jobs
 from fabricwatch.models.topology import Topology, rail_optimised
 
@@ -71,7 +76,13 @@ FAULT_CLASSES = ("link_downgrade", "pcie_downgrade", "link_flap", "pfc_storm", "
                  "gpu_ecc_uncorrectable")
 
 DOWNGRADE_RATES = ("200 Gb/sec (4X HDR)", "100 Gb/sec (4X EDR)", "400 Gb/sec (8X HDR)", "200 Gb/sec (2X NDR)")
-XID_CODES = (13, 31, 43, 48, 63, 74, 79, 92, 94, 95, 119)
+# Hardware and firmware XIDs of NVIDIA's catalog (`fabricwatch.xid`): the gpu_xid cases.
+XID_CODES = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
+# Application XIDs of user bugs (must not fire): 13 illegal instruction / exception, 31 MMU
+# page fault (illegal address), 43 the driver stopped a killed context.
+APP_XID_CODES = (13, 31, 43)
+# Half the fault-mix XIDs cascade: XID 45 on 1-7 sibling GPUs 0.1-3 s after the root.
+CASCADE_FRACTION = 0.5
 # Not "storm_victim": the simulator's storm next door has a stuck host, which hangs the source's
 # job and pauses the victim's almost completely, so no step of the slow rank ever completes.
 STRAGGLER_CAUSES = ("thermal", "power", "none", "nic_downgrade", "sw_thermal")
@@ -167,6 +178,7 @@ def _fault_mix(i: int, seed: int, n_nodes: int = 8, duration_s: float = 100.0, r
     topo = _topology(n_nodes, n_nodes, 2)
     _, busy, _ = _jobs(topo, seed)
     rng = np.random.default_rng([seed, 0xF1])
+    rng_x = np.random.default_rng([seed, 0xF1, 0x45])   # XID cascades and user bugs (leaves the rest as it was)
     used_nic: set[tuple[str, int]] = set()
     used_gpu: set[tuple[str, int]] = set()
     faults: list[Fault] = []
@@ -207,15 +219,43 @@ def _fault_mix(i: int, seed: int, n_nodes: int = 8, duration_s: float = 100.0, r
         code = XID_CODES[(i * 2 + r) % len(XID_CODES)]
         g = free_gpu(xn)
         if code == 79:
-            faults.append(GpuXid(xn, g, code, onset_s=t, offset_s=round(t + 15.0, 3)))
+            kw = dict(offset_s=round(t + 15.0, 3))
         elif rng.random() < 0.3:
-            faults.append(GpuXid(xn, g, code, onset_s=t, repeat_s=5.0, offset_s=round(t + 20.0, 3)))
+            kw = dict(repeat_s=5.0, offset_s=round(t + 20.0, 3))
         else:
-            faults.append(GpuXid(xn, g, code, onset_s=t))
+            kw = {}
+        if rng_x.random() < CASCADE_FRACTION:
+            faults.append(XidCascade(xn, g, code, onset_s=t, **kw, **_cascade(rng_x, g)))
+        else:
+            faults.append(GpuXid(xn, g, code, onset_s=t, **kw))
+        faults.append(_app_xid(rng_x, busy[int(rng_x.integers(len(busy)))], base, 1.0,
+                               APP_XID_CODES[(i + r) % len(APP_XID_CODES)]))
         t = _frac(rng, base, base + 8, 1.0)
         faults.append(EccUncorrectable(en, free_gpu(en), onset_s=t, count=int(rng.integers(1, 4))))
     return Scenario(f"mix-{i:02d}", "fault_mix", seed, n_nodes, 1.0, duration_s, tuple(faults),
                     note="real fault mix, two rounds of six faults on distinct entities")
+
+
+def _cascade(rng, root: int) -> dict:
+    """1-7 sibling GPUs that log XID 45 0.1-3 s after the root XID (the driver's cleanup)."""
+    others = [g for g in range(GPUS) if g != root]
+    k = int(rng.integers(1, GPUS))
+    victims = tuple(sorted(int(g) for g in rng.choice(others, k, replace=False)))
+    delays = tuple(round(float(d), 3) for d in rng.uniform(0.1, 3.0, k))
+    return {"victims": victims, "delays_s": delays}
+
+
+def _app_xid(rng, node: str, lo_s: float, interval_s: float, code: int, bursts: int = 1,
+             period_s: float = 180.0, crash: bool = False) -> ApplicationXid:
+    """A buggy job's XID ``code`` on 1-8 of its GPUs of ``node``, then XID 45 on some of the rest."""
+    n = int(rng.integers(1, GPUS + 1))
+    gpus = tuple(sorted(int(g) for g in rng.choice(GPUS, n, replace=False)))
+    rest = [g for g in range(GPUS) if g not in gpus]
+    cleanup = tuple(sorted(int(g) for g in rng.choice(rest, int(rng.integers(0, len(rest) + 1)), replace=False))) \
+        if rest else ()
+    return ApplicationXid(node, gpus, onset_s=_frac(rng, lo_s, lo_s + 8, interval_s), code=code, bursts=bursts,
+                          period_s=period_s, cleanup=cleanup, cleanup_delay_s=round(float(rng.uniform(0.05, 2.0)), 3),
+                          crash=crash)
 
 
 # --------------------------------------------------------------------------- stragglers
@@ -355,6 +395,14 @@ def _must_not_fire(seed: int, quick: bool = False) -> list[Scenario]:
                         (AdminToggle(up.a_switch, up.a_port, onset_s=30.4, down_s=10.0),
                          AdminToggle(lp.switch, lp.switch_port, onset_s=55.4, down_s=5.0)),
                         note="operator toggles a leaf uplink (10 s) and a leaf port facing a busy NIC (5 s)"))
+    _, busy8, _ = _jobs(topo8, seed + 14)
+    rng_a = np.random.default_rng([seed, 0x13])
+    bugs = (_app_xid(rng_a, busy8[0], 10.0, 1.0, 13, bursts=4, period_s=25.0),
+            _app_xid(rng_a, busy8[1 % len(busy8)], 20.0, 1.0, 31, bursts=2, period_s=40.0, crash=True),
+            _app_xid(rng_a, busy8[2 % len(busy8)], 30.0, 1.0, 43, bursts=3, period_s=30.0))
+    out.append(Scenario("mnf-application-xid", "must_not_fire", seed + 14, 8, 1.0, 120.0, bugs,
+                        note="buggy user code: XID 13 / 31 / 43 bursts on a job's GPUs, XID 45 on its other GPUs; "
+                             "one job crashes and restarts from its checkpoint"))
     _, busy8, _ = _jobs(topo8, seed + 13)
     out.append(Scenario("mnf-xon-flood-long", "must_not_fire", seed + 13, 8, 1.0, 180.0,
                         (PfcStorm(((busy8[2], _nic(1)),), onset_s=62.4, offset_s=172.4, xon_only=True),),
@@ -371,13 +419,39 @@ def _healthy(cfg: SuiteConfig) -> list[Scenario]:
     per_run = n * cfg.healthy_run_s / 3600.0
     runs = max(1, math.ceil(cfg.healthy_node_hours / per_run - 1e-9)) if cfg.healthy_node_hours > 0 else 0
     for k in range(runs):
-        out.append(Scenario(f"healthy-1s-{k:02d}", "healthy", cfg.seed + 1000 + k, n, 1.0, cfg.healthy_run_s,
+        seed = cfg.seed + 1000 + k
+        out.append(Scenario(f"healthy-1s-{k:02d}", "healthy", seed, n, 1.0, cfg.healthy_run_s,
+                            _buggy_jobs(_topology(n, min(32, n), 8 if n > 32 else 4), seed, 1.0, cfg.healthy_run_s),
                             nodes_per_unit=min(32, n), n_spines=8 if n > 32 else 4,
-                            note="noisy healthy cluster, no faults"))
+                            note="noisy healthy cluster running some buggy user code (application XIDs), no faults"))
     if cfg.healthy_fast_s > 0:
-        out.append(Scenario("healthy-100ms", "healthy", cfg.seed + 2000, 8, 0.1, cfg.healthy_fast_s,
-                            note="noisy healthy cluster at 0.1 s sampling (PFC-rate), no faults"))
+        seed = cfg.seed + 2000
+        out.append(Scenario("healthy-100ms", "healthy", seed, 8, 0.1, cfg.healthy_fast_s,
+                            _buggy_jobs(_topology(8, 8, 2), seed, 0.1, cfg.healthy_fast_s),
+                            note="noisy healthy cluster at 0.1 s sampling (PFC-rate), application XIDs, no faults"))
     return out
+
+
+# A healthy cluster runs buggy user code too: about one busy node in eight hosts a job that
+# throws an application-XID burst every 1-4 minutes (a crash loop, a bad kernel in one rank).
+BUGGY_NODE_FRACTION = 0.125
+BUG_PERIOD_S = (60.0, 240.0)
+
+
+def _buggy_jobs(topo: Topology, seed: int, interval_s: float, duration_s: float) -> tuple:
+    _, busy, _ = _jobs(topo, seed)
+    if not busy:
+        return ()
+    rng = np.random.default_rng([seed, 0xB06])
+    k = max(1, int(round(BUGGY_NODE_FRACTION * len(busy))))
+    out = []
+    for node in sorted(rng.choice(busy, k, replace=False).tolist()):
+        period = round(float(rng.uniform(*BUG_PERIOD_S)), 3)
+        first = float(rng.uniform(2.0, min(period, duration_s / 2)))
+        bursts = max(1, int((duration_s - 1.0 - first) // period) + 1)
+        out.append(_app_xid(rng, node, first, interval_s, APP_XID_CODES[int(rng.integers(len(APP_XID_CODES)))],
+                            bursts=bursts, period_s=period))
+    return tuple(sorted(out, key=lambda f: f.onset_s))
 
 
 # --------------------------------------------------------------------------- suites
@@ -389,14 +463,17 @@ def _quick(cfg: SuiteConfig) -> list[Scenario]:
     _, busy, _ = _jobs(topo, seed)
     mix = Scenario("quick-mix", "fault_mix", seed, 4, 1.0, 24.0,
                    (LinkDowngrade(busy[0], "mlx5_3/1", onset_s=8.4, offset_s=18.4),
-                    GpuXid(busy[1], 2, 48, onset_s=12.6)),
-                   nodes_per_unit=4, note="a clear 200G downgrade and an XID 48")
+                    XidCascade(busy[1], 2, 48, onset_s=12.6, victims=(0, 5, 7), delays_s=(0.3, 0.8, 2.1))),
+                   nodes_per_unit=4, note="a clear 200G downgrade and an XID 48 with XID 45 on three sibling GPUs")
     _, sbusy, _ = _storm_cluster(seed + 1)
     storm = Scenario("quick-storm", "pfc_storm", seed + 1, STORM_NODES, 0.1, 6.0,
                      (PfcStorm(((sbusy[0], "mlx5_5/1"),), onset_s=2.03, offset_s=4.53),),
                      nodes_per_unit=STORM_NODES, note="one single-port storm")
-    healthy = Scenario("quick-healthy", "healthy", seed + 2, 4, 1.0, 40.0, nodes_per_unit=4,
-                       note="noisy healthy cluster, no faults")
+    _, hbusy, _ = _jobs(topo, seed + 2)
+    healthy = Scenario("quick-healthy", "healthy", seed + 2, 4, 1.0, 40.0,
+                       (ApplicationXid(hbusy[0], (3,), onset_s=10.4, code=31, bursts=2, period_s=15.0,
+                                       cleanup=(1, 2, 6)),),
+                       nodes_per_unit=4, note="noisy healthy cluster, a buggy job's XID 31 + XID 45 bursts, no faults")
     return [mix, storm, healthy] + _must_not_fire(seed + 3, quick=True)[:1]
 
 
@@ -448,8 +525,14 @@ def _describe(f) -> str:
     extra = ""
     if isinstance(f, LinkDowngrade):
         extra = f" {f.rate}"
+    elif isinstance(f, XidCascade):
+        extra = f" xid {f.code} + xid 45 on {len(f.victims)} GPU(s)"
     elif isinstance(f, GpuXid):
         extra = f" xid {f.code}"
+    elif isinstance(f, ApplicationXid):
+        dev = "gpu" + ",".join(map(str, f.gpus))
+        extra = f" app xid {f.code} x{f.bursts}" + (f" + xid 45 on {len(f.cleanup)}" if f.cleanup else "") + (
+            " crash" if f.crash else "")
     elif isinstance(f, Straggler):
         extra = f" x{f.factor:g} {f.cause}"
     return f"{name}[{who}/{dev}]{extra} {when}" if dev else f"{name}[{who}]{extra} {when}"
