@@ -220,7 +220,7 @@ def _topic_opts(p: argparse.ArgumentParser) -> None:
                    help="what every Kafka topic name starts with (default fabricwatch., or FABRICWATCH_TOPIC_PREFIX)")
     p.add_argument("--partitions", type=int, default=None, metavar="N",
                    help="partitions of the telemetry, rank-steps, facts and state topics when they are created "
-                        "(default 12, or FABRICWATCH_PARTITIONS)")
+                        "(default 24; 12 for `up`; or FABRICWATCH_PARTITIONS)")
 
 
 def _apply_topic_opts(argv: list[str]) -> list[str]:

@@ -24,6 +24,7 @@ import yaml
 
 from fabricwatch.console import LiveView, follow_anomalies
 from fabricwatch.localtls import ensure_self_signed
+from fabricwatch.streams import topics
 from fabricwatch.streams.auth import TokenAuth, new_token
 
 WORKER_READY_TIMEOUT_S = 120
@@ -56,8 +57,10 @@ class LocalStack:
 
     def _spawn(self, name: str, *argv: str, env: dict | None = None) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "ab")
+        # A few simulated racks: the embedded topics get fewer partitions unless told.
+        base = {"FABRICWATCH_PARTITIONS": str(topics.EMBEDDED_PARTITIONS), **os.environ}
         proc = subprocess.Popen([sys.executable, "-m", "fabricwatch.cli", *argv], stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, **(env or {})}, start_new_session=True)
+                                env={**base, **(env or {})}, start_new_session=True)
         self.procs.append(proc)
         return proc
 

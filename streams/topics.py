@@ -11,11 +11,11 @@ command's ``--topic-prefix`` sets), so several deployments or test runs share a 
 =========================  ==========================  ==========  =========
 topic                      key                         partitions  retention
 =========================  ==========================  ==========  =========
-``TELEMETRY``              source node / switch name   12 (P)      6 h
-``RANK_STEPS``             job id                      12 (P)      6 h
+``TELEMETRY``              source node / switch name   24 (P)      6 h
+``RANK_STEPS``             job id                      24 (P)      6 h
 ``PAUSE_STATES``           cluster name                3           1 day
-``FACTS``                  fact (``streams.facts``)    12 (P)      compacted
-``STATE``                  stage / partition / chunk   12 (P)      compacted, 1 h
+``FACTS``                  fact (``streams.facts``)    24 (P)      compacted
+``STATE``                  stage / partition / chunk   24 (P)      compacted, 1 h
 ``ANOMALIES``              anomaly dedup key           6           7 days
 ``ACTIONS``                (see actions/)              6           30 days
 ``AUDIT``                  (see actions/)              6           30 days
@@ -23,13 +23,15 @@ topic                      key                         partitions  retention
 
 P, the stage-1 partitions, is ``FABRICWATCH_PARTITIONS`` (``--partitions``) when the
 topics are created: it caps the workers that share the load and sizes what a rebalance
-moves (docs/operations.md has the sizing table). FACTS and STATE have P partitions too:
+moves (docs/operations.md has the sizing table). The default, 24, serves a 100,000-GPU
+cluster (22 workers at 60 % busy, `docs/benchmarks.md`); `fabricwatch up`'s embedded
+stack and the tests create `EMBEDDED_PARTITIONS`. FACTS and STATE have P partitions too:
 a partition's facts and checkpoints go to the partition of the same number.
 
 >>> [s.name for s in ALL_TOPICS][:2]
 ['fabricwatch.telemetry.v2', 'fabricwatch.rank-steps.v1']
->>> SPECS[TELEMETRY].partitions, SPECS[TELEMETRY].configs()["retention.ms"]
-(12, '21600000')
+>>> SPECS[TELEMETRY].partitions == PARTITIONS, SPECS[TELEMETRY].configs()["retention.ms"]
+(True, '21600000')
 >>> [s.partitions for s in all_topics(partitions=1)]
 [1, 1, 1, 1, 1, 1, 1, 1]
 >>> all_topics(partitions={ANOMALIES: 2})[5].partitions
@@ -123,8 +125,15 @@ def _env_prefix() -> str:
     return prefix
 
 
+#: Stage-1 partitions when nothing says otherwise: enough workers for 100,000 GPUs.
+DEFAULT_PARTITIONS = 24
+#: For a simulated cluster of a few racks (`fabricwatch up`, the tests): fewer partitions
+#: keep the fixed per-partition cost (progress, checkpoints) of one worker small.
+EMBEDDED_PARTITIONS = 12
+
+
 def _env_partitions() -> int:
-    raw = os.environ.get("FABRICWATCH_PARTITIONS", "12")
+    raw = os.environ.get("FABRICWATCH_PARTITIONS", str(DEFAULT_PARTITIONS))
     if not raw.isdigit() or not 1 <= int(raw) <= 1024:
         raise ValueError(f"FABRICWATCH_PARTITIONS {raw!r}: an integer 1..1024")
     return int(raw)

@@ -9,6 +9,14 @@ from pathlib import Path
 
 import pytest
 
+# The tests' brokers hold a few simulated racks: the embedded partition count, as for
+# `fabricwatch up` (set before anything imports `streams.topics`, which reads it once).
+_EMBEDDED = "12"
+os.environ.setdefault("FABRICWATCH_PARTITIONS", _EMBEDDED)
+from fabricwatch.streams import topics as _topics  # noqa: E402
+
+assert _EMBEDDED == str(_topics.EMBEDDED_PARTITIONS), "conftest's partition count drifted from streams.topics"
+
 # ---------------------------------------------------------------------- local Kafka
 # Only tests that request `kafka_bootstrap` start a broker (once per session; a cold
 # start fetches the jars with Maven first). Mark such tests `@pytest.mark.kafka` so that
