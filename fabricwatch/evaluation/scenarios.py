@@ -74,7 +74,8 @@ DOWNGRADE_RATES = ("200 Gb/sec (4X HDR)", "100 Gb/sec (4X EDR)", "400 Gb/sec (8X
 XID_CODES = (13, 31, 43, 48, 63, 74, 79, 92, 94, 95, 119)
 # Not "storm_victim": the simulator's storm next door has a stuck host, which hangs the source's
 # job and pauses the victim's almost completely, so no step of the slow rank ever completes.
-STRAGGLER_CAUSES = ("thermal", "power", "none", "nic_downgrade", "sw_thermal")
+STRAGGLER_CAUSES = ("thermal", "power", "none", "nic_downgrade", "sw_thermal", "nic_pcie", "partial_pause",
+                    "gpu_pcie", "nic_down")
 
 
 def fault_class(gt_kind: str) -> str | None:
@@ -125,7 +126,7 @@ class SuiteConfig:
     quick: bool = False
     seed: int = 0
     mix_scenarios: int = 12          # x 2 rounds: 24 cases of each fault-mix class
-    straggler_scenarios: int = 13    # 1-2 stragglers each (one per multi-node job)
+    straggler_scenarios: int = 14    # 1-2 stragglers each (one per multi-node job): >= 3 per cause
     storm_pair_scenarios: int = 6    # x 2 sequential single-port storms
     healthy_node_hours: float = 8.0  # long healthy runs (1 s sampling) for false alarms
     healthy_nodes: int = 32
