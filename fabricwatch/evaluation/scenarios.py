@@ -12,7 +12,9 @@ Suites (``suite`` field):
   distinct entities per scenario: NIC link speed/lanes low, NIC and GPU PCIe width,
   cable link-down (flaps), GPU XIDs (incl. 48/79/94/95), uncorrectable ECC errors.
 * ``straggler`` (1 s, 8 nodes): one slow rank per multi-node job, from thermal, software
-  thermal or power capping, an invisible cause (slow data loader) or a downgraded NIC.
+  thermal or power capping, an invisible cause (slow data loader), a downgraded NIC, the
+  NIC's or the GPU's PCIe link at x8, a partial PFC pause on its NIC, or its NIC dead with
+  NCCL on a sibling (at least 3 of each).
 * ``pfc_storm`` (0.1 s, 4 nodes): the sonic-mgmt pfcwd test plan: single-port storms during
   traffic, two-port (same and different leaf), all-port storms, a storm with no traffic, a
   storm ended by the NIC's own watchdog; PFC needs 0.1 s sampling so that the 200 ms
