@@ -46,6 +46,7 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ANOMALY_KINDS = frozenset({"link_downgrade", "pcie_downgrade", "link_flap", "pfc_storm", "straggler",
                            "gpu_xid", "gpu_ecc_uncorrectable", "unknown_anomaly"})
 CAUSE_CODES = frozenset({"thermal", "power", "nic_downgrade", "storm_victim", "xid", "ecc", "none", "unknown",
+                         "nic_down", "nic_pcie", "partial_pause", "gpu_pcie",
                          "stuck_host", "silent_host", "switch_port"})
 SEVERITY_RANK = {INFO: 1, WARNING: 2, CRITICAL: 3}
 _SEVERITY_OF_PROTO = {ev.SEVERITY_INFO: INFO, ev.SEVERITY_WARNING: WARNING, ev.SEVERITY_CRITICAL: CRITICAL}

@@ -40,7 +40,11 @@ REASON_SW_POWER_CAP = 0x4
 REASON_SW_THERMAL = 0x20
 REASON_HW_THERMAL = 0x40
 
-STRAGGLER_CAUSES = ("thermal", "sw_thermal", "power", "none", "nic_downgrade", "storm_victim")
+STRAGGLER_CAUSES = ("thermal", "sw_thermal", "power", "none", "nic_downgrade", "storm_victim",
+                    "nic_pcie", "partial_pause", "gpu_pcie", "nic_down")
+# A partial pause's received duty, from the straggler's factor (a NIC paused d of the time
+# sends 1 - d of it), kept between a noticeable pause and a storm's.
+PARTIAL_PAUSE_DUTY_RANGE = (0.3, 0.6)
 
 # SONiC's DEFAULT_DETECTION_TIME: a storm shorter than this is not expected to alert.
 STORM_DETECTION_TIME_S = 0.2
@@ -245,7 +249,14 @@ class Straggler:
     Network causes slow the rank's NIC instead, which stretches the communication
     phase of every rank (``busy_seconds`` unchanged, ``collective_wait_seconds`` up on all):
     ``"nic_downgrade"`` adds a `LinkDowngrade` of that GPU's NIC to 200G, ``"storm_victim"``
-    adds a `PfcStorm` from another node's port on the same leaf.
+    adds a `PfcStorm` from another node's port on the same leaf, ``"nic_pcie"`` a
+    `NicPcieDowngrade` of the NIC to x8 (about half its line rate at gen5), ``"gpu_pcie"`` a
+    `GpuPcieDowngrade` of the GPU to x8 (its NIC's GPUDirect RDMA traffic crosses that link).
+    ``"partial_pause"``: the leaf port pauses the NIC at a duty of ``1 - 1/factor`` within
+    `PARTIAL_PAUSE_DUTY_RANGE` (rx pause durations rise, its traffic loses that share; no
+    storm: nothing else is paused). ``"nic_down"``: the NIC's link goes down for good
+    (``state`` "1: DOWN", ``link_downed`` +1, no traffic on it) and NCCL fails over to a
+    sibling NIC, which carries both rails: the job's collectives run at half speed.
     """
     node: str
     gpu: int

@@ -45,12 +45,12 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from fabricwatch.collectors.faults import (
-    INF, REASON_GPU_IDLE, REASON_HW_THERMAL, REASON_SW_POWER_CAP, REASON_SW_THERMAL,
+    INF, PARTIAL_PAUSE_DUTY_RANGE, REASON_GPU_IDLE, REASON_HW_THERMAL, REASON_SW_POWER_CAP, REASON_SW_THERMAL,
     XID_GPU_LOST, XID_TEXT, XID_UNCORRECTABLE_ECC, AdminToggle, ClockSkew, EccUncorrectable,
     Fault, GpuPcieDowngrade, GpuXid, GroundTruth, LinkDowngrade, LinkFlap, NicPcieDowngrade,
     NodeReboot, PfcStorm, Straggler, gpu_path, nic_path, port_path, rank_path,
@@ -342,6 +342,7 @@ class _FaultState:
     job_stall: np.ndarray          # the job's progress is blocked (hang)
     job_restart_left: dict         # job -> seconds of restart to (re)arm
     job_fault_speed: np.ndarray    # comm speed limit from faults (per job)
+    failover: dict = field(default_factory=dict)   # dead NIC port -> share of its rail's speed left (via a sibling)
 
 
 # --------------------------------------------------------------------------- simulator
@@ -653,6 +654,11 @@ class ClusterSimulator:
                     d = LinkDowngrade(f.node, self._p_eid[p], f.onset_s, f.offset_s, "200 Gb/sec (4X HDR)")
                     out.append(d)
                     self._derived[id(d)] = f
+                elif f.cause in ("nic_pcie", "gpu_pcie"):
+                    d = (NicPcieDowngrade(f.node, self._p_eid[p], f.onset_s, f.offset_s, width=8) if f.cause == "nic_pcie"
+                         else GpuPcieDowngrade(f.node, f.gpu, f.onset_s, f.offset_s, width=8))
+                    out.append(d)
+                    self._derived[id(d)] = f
                 elif f.cause == "storm_victim":
                     leaf_sp = self._switch_ports[self._p_switch[p]]
                     cands = [int(self._sp_peer_nic[s]) for s in leaf_sp
@@ -790,6 +796,8 @@ class ClusterSimulator:
                         fs.gpu_reason[g] |= REASON_SW_POWER_CAP
                         fs.gpu_clock_factor[g] = min(fs.gpu_clock_factor[g], 1.0 / f.factor)
                         fs.gpu_power_cap[g] = min(fs.gpu_power_cap[g], GPU_TDP_W * 0.95 / f.factor ** 1.5)
+                    elif f.cause in ("partial_pause", "nic_down"):
+                        self._straggler_nic(f, fs, frac, on_now, t0, t1, rng)
             elif isinstance(f, GpuXid):
                 n = self._node_idx[f.node]
                 g = n * G + f.gpu
@@ -839,11 +847,14 @@ class ClusterSimulator:
                     fs.node_skew_s[self._node_idx[f.node]] += f.skew_s
         np.clip(fs.up_frac, 0.0, 1.0, out=fs.up_frac)
         np.clip(fs.sp_up_frac, 0.0, 1.0, out=fs.sp_up_frac)
+        flow_up = fs.up_frac.copy()              # what the flows see: a dead port's rail goes via a sibling
+        for q, share in fs.failover.items():
+            flow_up[q] = share
         # GPU PCIe limits the NIC that does GPUDirect RDMA for it
         fs.cap_ratio = np.minimum(fs.cap_ratio, gpu_ratio[self._p_node * G + self._p_gpu])
         # the jobs' comm speed limit from faults: slowest link, paused ports, blocked flows
         if self.F:
-            f_pass = (fs.up_frac[self._f_src] * fs.up_frac[self._f_dst] * (1 - fs.tx_duty[self._f_dst])
+            f_pass = (flow_up[self._f_src] * flow_up[self._f_dst] * (1 - fs.tx_duty[self._f_dst])
                       * np.minimum(fs.cap_ratio[self._f_src], fs.cap_ratio[self._f_dst])
                       * (1 - fs.rx_duty[self._f_src]))
             rem = self._f_remote
@@ -851,6 +862,24 @@ class ClusterSimulator:
                 f_pass[rem] *= (1 - fs.sw_duty[self._f_up_src[rem]]) * (1 - fs.sw_duty[self._f_sp_b[rem]])
             np.minimum.at(fs.job_fault_speed, self._f_job, f_pass)
         return fs
+
+    def _straggler_nic(self, f: Straggler, fs: _FaultState, frac: float, on_now: bool, t0: float, t1: float,
+                       rng) -> None:
+        """A straggler's NIC partly paused by its leaf, or dead with NCCL on a sibling NIC."""
+        p = self._nic_of_gpu(f.node, f.gpu)
+        if f.cause == "partial_pause":
+            lo, hi = PARTIAL_PAUSE_DUTY_RANGE
+            duty = min(hi, max(lo, 1.0 - 1.0 / f.factor)) * rng.uniform(0.92, 1.05)
+            fs.rx_duty[p] = max(fs.rx_duty[p], frac * duty)
+            return
+        fs.up_frac[p] -= frac
+        fs.down_events[p] += 1 if t0 <= f.onset_s < t1 else 0
+        fs.sp_transitions[self._p_sp[p]] += t0 <= f.onset_s < t1
+        if on_now:
+            fs.down_now[p] = True
+            fs.down_phys[p] = "3: Disabled"
+        # the sibling carries two rails: half the speed for this one (and the sibling's own)
+        fs.failover[p] = min(fs.failover.get(p, 1.0), 1.0 - 0.5 * frac)
 
     def _resolve_storm(self, f: PfcStorm, fs: _FaultState, t0: float, t1: float, dt: float, rng) -> None:
         plan = self._storm_plan[id(f)]
@@ -1545,7 +1574,7 @@ class ClusterSimulator:
                 rank = k * self.G + f.gpu
                 p = self._nic_of_gpu(f.node, f.gpu)
                 related = (gpu_path(f.node, f.gpu),)
-                if f.cause in ("nic_downgrade", "storm_victim"):
+                if f.cause in ("nic_downgrade", "storm_victim", "nic_pcie", "partial_pause", "nic_down"):
                     related += (nic_path(f.node, self._p_eid[p]),)
                 out.append(GroundTruth(f.kind, rank_path(jr.job.job_id, rank), self._ns(f.onset_s), self._ns(f.offset_s),
                                        victims=(f"job/{jr.job.job_id}",), related=related,

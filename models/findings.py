@@ -5,6 +5,7 @@ Detectors never act and never see Kafka; the stream layer turns findings into
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 OPEN, UPDATE, RESOLVED = "open", "update", "resolved"
@@ -58,3 +59,11 @@ class Finding:
     @property
     def dedup_key(self) -> str:
         return f"{self.kind}:{self.entity.path()}"
+
+    @property
+    def event_id(self) -> str:
+        """The id of the event this finding goes out as: from the dedup key, lifecycle state and
+        detection time, so a replay or a redelivery yields the same id (and another stage can
+        name an anomaly by the id of its open event)."""
+        digest = hashlib.sha256(f"{self.dedup_key}|{self.state}|{self.detected_ns}".encode()).hexdigest()
+        return digest[:24]

@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -55,8 +55,10 @@ from fabricwatch.counters import PFC_PRIORITIES
 
 from .frames import GPU, NIC_PORT, FrameStack, LayoutGroup, SourceBatch
 from .linkrate import parse_ib_rate
-from .node_health import (ECC, GPU_BUSY_UTILIZATION_PCT, HISTORY_S, HW_SLOWDOWN, HW_SLOWDOWN_HOT_C, NIC_DOWNGRADE,
-                          POWER, POWER_REASONS, REASON_GPU_IDLE, STORM_VICTIM, STORM_VICTIM_PAUSE_DUTY, THERMAL,
+from .findings import OPEN, RESOLVED, Finding
+from .node_health import (CAUSE_MIN_FRACTION, ECC, GPU_BUSY_UTILIZATION_PCT, GPU_PCIE, HISTORY_S, HW_SLOWDOWN, HW_SLOWDOWN_HOT_C, NIC_DOWN,
+                          NIC_DOWNGRADE, NIC_PCIE, PARTIAL_PAUSE, PARTIAL_PAUSE_DUTY, POWER, POWER_REASONS,
+                          REASON_GPU_IDLE, RELATED_KINDS, STORM_VICTIM, STORM_VICTIM_PAUSE_DUTY, THERMAL,
                           THERMAL_REASONS, XID, Episode, HealthEvent, NodeHealth, gpu_entity)
 from .nominal import NominalRates
 from .topology import Topology
@@ -66,12 +68,19 @@ GAP_S = 5.0                  # an episode closes after this long of samples with
 # not holding (readers stop extending it), and again if it comes back within the gap.
 BREAK_SAMPLES = 2
 MIN_PUBLISHED_SAMPLES = 2    # an episode is published once it held in this many samples
+# ... and a partial pause once it has lasted this long: incast comes in bursts of a few
+# seconds on every port of a leaf and is ordinary; a pause that slows a job's steps for the
+# straggler detector's 3 steps lasts longer (and 5 s is its cause look-back window).
+PARTIAL_PAUSE_MIN_S = 5.0
+# (held in at least half of that time's samples: what `node_health.CAUSE_MIN_FRACTION` asks of a cause)
+_PARTIAL_PAUSE_MIN_ON_NS = PARTIAL_PAUSE_MIN_S * 1e9 * CAUSE_MIN_FRACTION
 REFRESH_S = 30.0             # open episodes are republished this often (their counts move)
 SILENT_AFTER_S = 10.0        # a node with no tick while its partition advanced this much is silent
 FORGET_AFTER_S = 3600.0      # a silent node is forgotten after this long (id churn stays bounded)
 EVENT_HISTORY_S = 300.0      # events kept this long (straggler causes look back 300 s)
 MAX_EVENTS_PER_NODE = 256
 MAX_CLOSED_PER_NODE = 64
+MAX_FINDINGS_PER_NODE = 64   # open anomalies kept per node (a node has ~24 NICs and GPUs)
 MAX_NODES = 200_000          # nodes tracked per tracker; more is id churn (counted, refused)
 DEFAULT_INTERVAL_NS = 1_000_000_000
 
@@ -80,6 +89,7 @@ _RX_PAUSE = tuple(f"rx_prio{p}_pause_duration" for p in PFC_PRIORITIES)
 _ECC_UNC = "ecc_uncorrected_volatile_total"
 _GPU_GAUGES = ("clocks_event_reasons", "utilization_gpu_pct", "sm_clock_mhz", "sm_clock_max_mhz",
                "temperature_c", "power_mw")
+_PCIE_GAUGES = ("pcie_width_current", "pcie_width_max", "pcie_gen_current", "pcie_gen_max")
 
 
 @dataclass
@@ -132,6 +142,8 @@ class _Node:
     silent: bool = False
     gpu_index: dict = field(default_factory=dict)   # entity ids -> their GPU entity names
     nic_labels: tuple = ()      # (rates, states, nominal version) of the last NIC tick judged healthy
+    seen_active: set = field(default_factory=set)    # NIC ports seen ACTIVE (a port never up serves nobody)
+    findings: dict = field(default_factory=dict)     # (entity id, kind) -> Episode of an open anomaly
 
 
 def _gpu_masks(gauge_names: tuple[str, ...], gauges: np.ndarray):
@@ -153,6 +165,24 @@ def _gpu_masks(gauge_names: tuple[str, ...], gauges: np.ndarray):
     return busy, thermal, power
 
 
+def _pcie_low(gauge_names: tuple[str, ...], gauges: np.ndarray):
+    """(read, low) bool arrays [ticks, entities]: PCIe width or gen read, and below its max; None without."""
+    col = [gauge_names.index(n) if n in gauge_names else None for n in _PCIE_GAUGES]
+    if (col[0] is None or col[1] is None) and (col[2] is None or col[3] is None):
+        return None
+    nan = np.full(gauges.shape[:2], np.nan)
+    width, width_max, gen, gen_max = (gauges[:, :, c] if c is not None else nan for c in col)
+    read = (np.isfinite(width) & np.isfinite(width_max)) | (np.isfinite(gen) & np.isfinite(gen_max))
+    return read, (width < width_max) | (gen < gen_max)            # NaN compares False
+
+
+def _pcie_detail(stack: FrameStack, k: int, i: int) -> tuple[float, float, str]:
+    """(width, max width, "gen4 x8 (max gen5 x16)") of one sample."""
+    w, wm, g, gm = (stack.gauges[k, i, c] if c is not None else math.nan
+                    for c in map(stack.gauge_column, _PCIE_GAUGES))
+    return float(w), float(wm), f"gen{g:g} x{w:g} (max gen{gm:g} x{wm:g})"
+
+
 def _interval_ns(stack: FrameStack) -> int:
     """The stack's sampling interval: its ticks' mean spacing (its first tick's gap alone)."""
     times = stack.times_ns
@@ -172,26 +202,35 @@ class HealthTracker:
     nominal : a shared `NominalRates` (the worker's, fed by every node's vote); default own.
     history_s : closed episodes are kept this long.
     storm_victim_pause_duty : received pause duty (0..1) that marks a port held by PFC.
+    partial_pause_duty : received pause duty that marks a port partly held (`PARTIAL_PAUSE_DUTY`).
     """
 
     def __init__(self, topology: Topology | None = None, nominal_nic_rate: str = "",
                  nominal: NominalRates | None = None, history_s: float = HISTORY_S,
-                 storm_victim_pause_duty: float = STORM_VICTIM_PAUSE_DUTY) -> None:
+                 storm_victim_pause_duty: float = STORM_VICTIM_PAUSE_DUTY,
+                 partial_pause_duty: float = PARTIAL_PAUSE_DUTY) -> None:
         if not history_s > 0:
             raise ValueError(f"history_s must be > 0, got {history_s!r}")
         if not 0 < storm_victim_pause_duty <= 1:
             raise ValueError(f"storm_victim_pause_duty must be in (0, 1], got {storm_victim_pause_duty!r}")
+        if not 0 < partial_pause_duty <= storm_victim_pause_duty:
+            raise ValueError(f"partial_pause_duty must be in (0, storm_victim_pause_duty], got {partial_pause_duty!r}")
         if nominal_nic_rate and parse_ib_rate(nominal_nic_rate) is None:
             raise ValueError(f"nominal_nic_rate: not a sysfs rate string: {nominal_nic_rate!r}")
         self.nominal = nominal if nominal is not None else NominalRates(topology, nominal_nic_rate)
         self.history_s = history_s
         self.storm_victim_pause_duty = storm_victim_pause_duty
+        self.partial_pause_duty = partial_pause_duty
         self._nodes: dict[str, _Node] = {}
         self.stats = {"nodes_refused": 0, "nodes_forgotten": 0}
 
     # -- public ---------------------------------------------------------------------------
-    def update_batch(self, batch: SourceBatch) -> list[NodeHealth]:
-        """Fold one record of a node in; the digests to publish (0 or 1)."""
+    def update_batch(self, batch: SourceBatch, findings: list[Finding] = ()) -> list[NodeHealth]:
+        """Fold one record of a node in; the digests to publish (0 or 1).
+
+        ``findings``: what stage 1's detectors made of the same record; those of
+        `RELATED_KINDS` on the node's NICs and GPUs travel in the digest with their id.
+        """
         if batch.source_kind != "node" or not len(batch.times_ns):
             return []
         node = self._nodes.get(batch.source)
@@ -214,12 +253,17 @@ class HealthTracker:
                     self._nic_rates(batch.source, node, stack)
                 if any(n in _RX_PAUSE for n in stack.counter_names) and stack.rates is not None:
                     self._pauses(node, stack)
+                pcie = _pcie_low(stack.gauge_names, stack.gauges)
+                if pcie is not None:
+                    self._pcie(node, stack, list(stack.ids), NIC_PCIE, *pcie)
         for tick, events in batch.events.items():
             for e in events:
                 if e.kind == "xid":
                     node.events.append(HealthEvent(self._gpu_name(node, e.entity_id, -1), XID, e.code, e.time_ns,
                                                    e.detail))
                     node.dirty = True
+        for f in findings:
+            self._note_finding(batch.source, node, f)
         return self._digest_if_due(batch.source, node, last_ns)
 
     def screen(self, group: LayoutGroup) -> None:
@@ -233,7 +277,7 @@ class HealthTracker:
             cols = [j for j, n in enumerate(counter_names) if n in _RX_PAUSE]
             if cols:
                 duty = np.fmax.reduce(group.rates[:, :, cols], axis=2)
-                held = group.segment_any((duty >= self.storm_victim_pause_duty).any(axis=1))
+                held = group.segment_any((duty >= self.partial_pause_duty).any(axis=1))
                 for i, stack in enumerate(group.stacks):
                     stack.screens["pauses"] = bool(held[i])
         elif kind == GPU:
@@ -244,8 +288,10 @@ class HealthTracker:
             hits = None
             masks = _gpu_masks(gauge_names, group.gauges)
             if masks is not None:
-                _, thermal, power = masks
-                hits = group.segment_any((thermal | power).any(axis=1))
+                busy, thermal, power = masks
+                pcie = _pcie_low(gauge_names, group.gauges)
+                slow_link = busy & pcie[1] if pcie is not None else False
+                hits = group.segment_any((thermal | power | slow_link).any(axis=1))
             for i, stack in enumerate(group.stacks):
                 stack.screens["gpus"] = (None if hits is None else bool(hits[i]), None if ecc is None else bool(ecc[i]))
 
@@ -282,7 +328,7 @@ class HealthTracker:
     def _gpus(self, node: _Node, stack: FrameStack) -> None:
         screened = stack.screens.get("gpus")
         if screened is not None and screened[0] is not None and not screened[0] and not screened[1] \
-                and not any(c in (THERMAL, POWER) for _, c in node.runs):
+                and not any(c in (THERMAL, POWER, GPU_PCIE) for _, c in node.runs):
             return                                        # screened: nothing throttled, no ECC error
         col = {n: stack.gauge_column(n) for n in _GPU_GAUGES}
         if stack.rates is not None:
@@ -299,6 +345,10 @@ class HealthTracker:
         if masks is None:
             return
         busy, thermal, power = masks
+        names = [self._gpu_name(node, eid, i) for i, eid in enumerate(stack.ids)]
+        pcie = _pcie_low(stack.gauge_names, stack.gauges)
+        if pcie is not None:      # an idle GPU lowers its PCIe gen to save power (NVML): busy samples only
+            self._pcie(node, stack, names, GPU_PCIE, pcie[0] & busy, pcie[1] & busy)
         g = stack.gauges
         raw = g[:, :, col["clocks_event_reasons"]]
         reasons = np.where(np.isfinite(raw), raw, 0).astype(np.int64) & ~REASON_GPU_IDLE
@@ -311,7 +361,6 @@ class HealthTracker:
         power_w = g[:, :, col["power_mw"]] / 1000.0 if col["power_mw"] is not None else np.full(raw.shape, np.nan)
         ratio = np.where(sm_max > 0, sm / np.where(sm_max > 0, sm_max, 1.0), np.nan)
         interval = _interval_ns(stack)
-        names = [self._gpu_name(node, eid, i) for i, eid in enumerate(stack.ids)]
         for condition, hit in ((THERMAL, thermal), (POWER, power)):
             for i in range(len(stack.ids)):
                 key = (names[i], condition)
@@ -343,49 +392,101 @@ class HealthTracker:
                     continue                             # not read this tick: no evidence
                 current = parse_ib_rate(rates[i])
                 active = states[i].startswith("4")
-                if current is None:
-                    continue
-                nominal = self.nominal.for_port(node.cluster, source, eid)
-                hit = active and current.gbps < nominal.gbps
-                key = (eid, NIC_DOWNGRADE)
-                if not hit and key not in node.runs:
-                    continue
-                run = self._step(node, key, t_ns, hit, interval)
-                if run is not None:
+                if active and len(node.seen_active) < 64:
+                    node.seen_active.add(eid)
+                # down: a port that was up (NCCL used it) and is not ACTIVE now
+                for condition, hit in ((NIC_DOWN, not active and eid in node.seen_active),
+                                       (NIC_DOWNGRADE, active and current is not None
+                                        and current.gbps < self.nominal.for_port(node.cluster, source, eid).gbps)):
+                    key = (eid, condition)
+                    if not hit and key not in node.runs:
+                        continue
+                    run = self._step(node, key, t_ns, hit, interval)
+                    if run is None:
+                        continue
                     any_run = True
-                    if hit:
+                    if not hit:
+                        continue
+                    if condition == NIC_DOWN:
+                        run.add(t_ns, 0.0)
+                        run.reference, run.detail = 4.0, f"state {states[i].strip()}"
+                    else:
                         run.add(t_ns, current.gbps)
-                        run.reference, run.detail = nominal.gbps, rates[i].strip()
-                        self._maybe_publish(node, run)
-            node.nic_labels = () if any_run or any(c == NIC_DOWNGRADE for _, c in node.runs) else labels
+                        run.reference = self.nominal.for_port(node.cluster, source, eid).gbps
+                        run.detail = rates[i].strip()
+                    self._maybe_publish(node, run)
+            node.nic_labels = () if any_run or any(c in (NIC_DOWNGRADE, NIC_DOWN) for _, c in node.runs) else labels
 
     def _pauses(self, node: _Node, stack: FrameStack) -> None:
-        if stack.screens.get("pauses") is False and not any(c == STORM_VICTIM for _, c in node.runs):
+        if stack.screens.get("pauses") is False and not any(c in (STORM_VICTIM, PARTIAL_PAUSE) for _, c in node.runs):
             return                                        # screened: no port held
         cols = [j for j, n in enumerate(stack.counter_names) if n in _RX_PAUSE]
         duty = stack.rates[:, :, cols]
         duty = np.clip(np.fmax.reduce(duty, axis=2), 0.0, 1.0)   # NaN only where every priority is NaN
-        held = duty >= self.storm_victim_pause_duty               # NaN compares False
-        open_pause = any(c == STORM_VICTIM for _, c in node.runs)
-        if not (open_pause or held.any()):
-            return
         observed = np.isfinite(duty)
+        for condition, threshold in ((STORM_VICTIM, self.storm_victim_pause_duty),
+                                     (PARTIAL_PAUSE, self.partial_pause_duty)):
+            held = duty >= threshold                              # NaN compares False
+            if not (held.any() or any(c == condition for _, c in node.runs)):
+                continue
+
+            def add(run: _Run, k: int, i: int, threshold=threshold) -> None:
+                run.add(int(stack.times_ns[k]), float(duty[k, i]))
+                run.reference = threshold
+
+            self._fold(node, stack, list(stack.ids), condition, observed, held, add)
+
+    def _pcie(self, node: _Node, stack: FrameStack, names: list[str], condition: str,
+              read: np.ndarray, low: np.ndarray) -> None:
+        """NIC or GPU PCIe links trained below their maximum (width or gen), per sample read."""
+        if not (low.any() or any(c == condition for _, c in node.runs)):
+            return                                        # the healthy fast path
+
+        def add(run: _Run, k: int, i: int) -> None:
+            width, width_max, run.detail = _pcie_detail(stack, k, i)
+            run.add(int(stack.times_ns[k]), width)
+            run.reference = width_max
+
+        self._fold(node, stack, names, condition, read, low & read, add)
+
+    def _fold(self, node: _Node, stack: FrameStack, names: list[str], condition: str,
+              observed: np.ndarray, hit: np.ndarray, add) -> None:
+        """Advance one condition's episodes over a stack: ``observed``/``hit`` [tick, entity];
+        ``add(run, k, i)`` records a sample that showed it."""
         interval = _interval_ns(stack)
-        for i, eid in enumerate(stack.ids):
-            key = (eid, STORM_VICTIM)
-            if not held[:, i].any():
+        for i, name in enumerate(names):
+            key = (name, condition)
+            if not hit[:, i].any():
                 if key in node.runs:
                     self._advance_quiet(node, key, stack.times_ns[observed[:, i]])
                 continue
-            for k in range(len(stack.ticks)):
-                if not observed[k, i]:
-                    continue
-                t_ns = int(stack.times_ns[k])
-                run = self._step(node, key, t_ns, bool(held[k, i]), interval)
-                if run is not None and held[k, i]:
-                    run.add(t_ns, float(duty[k, i]))
-                    run.reference = self.storm_victim_pause_duty
+            for k in np.flatnonzero(observed[:, i]):
+                run = self._step(node, key, int(stack.times_ns[k]), bool(hit[k, i]), interval)
+                if run is not None and hit[k, i]:
+                    add(run, int(k), i)
                     self._maybe_publish(node, run)
+
+    def _note_finding(self, source: str, node: _Node, f: Finding) -> None:
+        """Keep an anomaly on one of the node's NICs or GPUs, under its open event's id."""
+        e = f.entity
+        if f.kind not in RELATED_KINDS or e.node != source or not e.device or e.switch:
+            return
+        entity_id = f"{e.device}/{e.port}" if e.port else self._gpu_name(node, e.device, -1)
+        key = (entity_id, f.kind)
+        held = node.findings.get(key)
+        if f.state == OPEN:
+            if held is None and len(node.findings) >= MAX_FINDINGS_PER_NODE:
+                return
+            node.findings[key] = Episode(entity_id, f.kind, f.onset_ns, f.detected_ns, True, 1, 1,
+                                         detail=f.event_id, holding=True)
+        elif held is None:
+            return                                        # opened before this tracker knew the node
+        elif f.state == RESOLVED:
+            del node.findings[key]
+            node.closed.append(replace(held, end_ns=f.detected_ns, open=False, holding=False))
+        else:
+            return                                        # an update: same anomaly, same id
+        node.dirty = True
 
     # -- episodes -------------------------------------------------------------------------
     def _step(self, node: _Node, key: tuple[str, str], t_ns: int, hit: bool, interval_ns: int) -> _Run | None:
@@ -430,7 +531,9 @@ class HealthTracker:
 
     @staticmethod
     def _maybe_publish(node: _Node, run: _Run) -> None:
-        if not run.published and run.on >= MIN_PUBLISHED_SAMPLES:
+        if not run.published and run.on >= MIN_PUBLISHED_SAMPLES and (
+                run.condition != PARTIAL_PAUSE or (run.end_ns - run.start_ns >= PARTIAL_PAUSE_MIN_S * 1e9 and
+                                                   run.on * run.interval_ns >= _PARTIAL_PAUSE_MIN_ON_NS)):
             run.published, node.dirty = True, True
 
     def _digest_if_due(self, name: str, node: _Node, as_of_ns: int) -> list[NodeHealth]:
@@ -444,6 +547,6 @@ class HealthTracker:
         event_horizon = as_of_ns - int(max(EVENT_HISTORY_S, self.history_s) * 1e9)
         while node.events and node.events[0].time_ns < event_horizon:
             node.events.popleft()
-        episodes = tuple(node.closed) + tuple(r.episode(True) for r in published)
+        episodes = tuple(node.closed) + tuple(r.episode(True) for r in published) + tuple(node.findings.values())
         return [NodeHealth(node.cluster, name, as_of_ns, node.since_ns, node.last_ns, node.silent, episodes,
                            tuple(node.events))]

@@ -56,16 +56,28 @@ from .topology import Topology
 # -- causes ---------------------------------------------------------------------------------
 THERMAL, POWER, NIC_DOWNGRADE, STORM_VICTIM, XID, ECC, NONE, UNKNOWN = (
     "thermal", "power", "nic_downgrade", "storm_victim", "xid", "ecc", "none", "unknown")
-# Priority order: a throttle that explains the slowdown beats a network cause, which beats
-# a recent hardware error (XIDs and ECC errors more often crash a job than slow it).
-GPU_CAUSES = (THERMAL, POWER, XID, ECC)          # can slow a rank's own compute
-NETWORK_CAUSES = (NIC_DOWNGRADE, STORM_VICTIM)   # can slow the collectives of its job
-CAUSES = (THERMAL, POWER, NIC_DOWNGRADE, STORM_VICTIM, XID, ECC)
+NIC_DOWN, NIC_PCIE, PARTIAL_PAUSE, GPU_PCIE = "nic_down", "nic_pcie", "partial_pause", "gpu_pcie"
+# A rank's whole path: its GPU (clocks, PCIe, hardware errors), its rail NIC (link state and
+# rate, the NIC's own PCIe link, pauses received from its switch). Priority within a side: a
+# throttle that explains the slowdown beats a recent hardware error (XIDs and ECC errors
+# more often crash a job than slow it); a NIC that is down beats one that is slow, a
+# hardware state beats congestion (pauses).
+# GPU PCIe is on both sides: the GPU's own link carries host<->device copies (in the rank's
+# busy time) and, with GPUDirect RDMA, every byte the NIC reads from or writes to GPU memory
+# (the job's collectives). On a rail-optimised node the collectives are what it slows most
+# (the NIC's traffic crosses it, the kernels do not), so the network side tries it last.
+GPU_CAUSES = (THERMAL, POWER, GPU_PCIE, XID, ECC)                    # can slow a rank's own compute
+NETWORK_CAUSES = (NIC_DOWN, NIC_DOWNGRADE, NIC_PCIE, STORM_VICTIM, PARTIAL_PAUSE, GPU_PCIE)  # its collectives
+CAUSES = (THERMAL, POWER, NIC_DOWN, NIC_DOWNGRADE, NIC_PCIE, STORM_VICTIM, PARTIAL_PAUSE, GPU_PCIE, XID, ECC)
 CAUSE_TEXT = {
     THERMAL: "thermal throttling",
     POWER: "power capping",
+    NIC_DOWN: "NIC link down (NCCL on a sibling NIC)",
     NIC_DOWNGRADE: "NIC link downgrade",
+    NIC_PCIE: "NIC PCIe link below its maximum",
     STORM_VICTIM: "PFC storm victim",
+    PARTIAL_PAUSE: "NIC partly paused by PFC",
+    GPU_PCIE: "GPU PCIe link below its maximum",
     XID: "recent GPU XID error",
     ECC: "uncorrectable ECC errors",
     NONE: "no local cause visible (data loader, host CPU?)",
@@ -74,15 +86,31 @@ CAUSE_TEXT = {
 CAUSE_ACTION = {
     THERMAL: "check the node's cooling (fans, inlet temperature, airflow); drain it after the next checkpoint",
     POWER: "check the GPU power limit and the node's PSUs/power-brake signal; drain it after the next checkpoint",
+    NIC_DOWN: "check the NIC's cable/transceiver and its switch port (link_down finding); drain the node after "
+              "the next checkpoint",
     NIC_DOWNGRADE: "reseat or replace the NIC cable/transceiver; drain the node after the next checkpoint",
+    NIC_PCIE: "check the NIC's slot/riser (lspci LnkSta vs LnkCap); drain the node after the next checkpoint",
     STORM_VICTIM: "find and isolate the PFC storm source on the same leaf (pfc_storm finding)",
+    PARTIAL_PAUSE: "find what congests the NIC's switch port (a slow receiver, a misconfigured PFC/ECN "
+                   "profile); check the leaf's queue counters",
+    GPU_PCIE: "check the GPU's slot/riser/PCIe switch (nvidia-smi -q PCIe link); drain the node after the "
+              "next checkpoint",
     XID: "look up the XID in NVIDIA's catalog; reset or drain the GPU",
     ECC: "drain the node; the GPU needs a row remap/reset",
     NONE: "profile the rank (data loader, host CPU, stragglers in input pipeline)",
     UNKNOWN: "check the node's collector",
 }
 # Conditions an episode can record: the causes that are states of a GPU or NIC port.
-CONDITIONS = (THERMAL, POWER, NIC_DOWNGRADE, STORM_VICTIM)
+CONDITIONS = (THERMAL, POWER, NIC_DOWN, NIC_DOWNGRADE, NIC_PCIE, STORM_VICTIM, PARTIAL_PAUSE, GPU_PCIE)
+# NVIDIA's XID catalog: XIDs caused by the application (13 graphics engine exception, 31 MMU
+# fault / illegal address, 43 GPU stopped processing: the user's kernel) and 45 (preemptive
+# cleanup: the driver tearing a channel down after another fault) say nothing of the GPU's
+# health. They are not a straggler's cause; they are shown as evidence when nothing else is.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45})
+# Anomalies that stage 1 opens on a node's NIC or GPU, which a straggler on that NIC or GPU
+# cites by id (the digest carries them as episodes whose condition is the kind and whose
+# detail is the id of the open event; `HealthBook.related_for`).
+RELATED_KINDS = ("link_down", "link_downgrade", "pcie_downgrade", "link_flap", "gpu_xid", "gpu_ecc_uncorrectable")
 
 # -- NVML clocks-event reasons (nvmlClocksEventReason*) ---------------------------------------
 REASON_GPU_IDLE = 0x1
@@ -112,10 +140,18 @@ MAX_SAMPLE_AGE_S = 60.0      # with no observation in the window, the last one i
 EVENT_LOOKBACK_S = 300.0     # XIDs / ECC errors this recent count as a cause
 CAUSE_MIN_FRACTION = 0.5     # a condition must cover at least this share of the observed window
 STORM_VICTIM_PAUSE_DUTY = 0.5  # received pause duty; healthy incast stays below it
+# Received pause duty d leaves a port 1 - d of its time to send: at 0.2 the NIC's collectives
+# run 1 / (1 - 0.2) = 1.25x longer, the job-level slowdown the straggler detector calls a
+# slowed collective (`straggler.COMM_SLOWDOWN`); below it a pause cannot explain one.
+PARTIAL_PAUSE_DUTY = 0.2
 THROTTLE_CLOCK_RATIO = 0.9   # without a slowdown to explain: SM clock / max at or below this
 # With a slowdown s to explain, the clock deficit (max/clock - 1) must reach this share of
 # s - 1: a GPU at 0.93 of its clock (ordinary power capping) does not explain 1.3x.
 THROTTLE_EXPLAINS_FRACTION = 0.5
+# The same for a partial pause and the job's comm slowdown s: a port paused d of the window
+# sends 1 / (1 - d) slower, and 1 / (1 - d) - 1 must reach this share of s - 1 (a rank whose
+# NIC sees a few seconds of incast does not explain a collective twice as slow).
+PAUSE_EXPLAINS_FRACTION = THROTTLE_EXPLAINS_FRACTION
 MAX_DIGESTS_PER_NODE = 64    # digests kept per node for as-of answers (a few per minute)
 MAX_NODES = 200_000          # nodes remembered; more is id churn (the oldest are dropped)
 
@@ -314,23 +350,33 @@ class HealthBook:
                 self._nic_of[key] = nic
         return nic
 
+    def _around(self, node: str, at_ns: int, since_ns: int | None,
+                read_at_ns: int | None = None) -> tuple[int, int, NodeHealth | None]:
+        """The window around ``at_ns`` (from ``since_ns`` if later than the look-back), and the
+        node's digest as of its end (or as of the window of ``read_at_ns``, if later)."""
+        lo = at_ns - int(self.lookback_s * 1e9)
+        if since_ns is not None:
+            lo = max(lo, min(since_ns, at_ns))
+        hi = at_ns + int(self.lookahead_s * 1e9)
+        as_of = hi if read_at_ns is None else max(hi, read_at_ns + int(self.lookahead_s * 1e9))
+        return lo, hi, self.digest_as_of(node, as_of)
+
     def cause_for(self, node: str, gpu_index: int, at_ns: int, *, since_ns: int | None = None,
-                  slowdown: float | None = None,
-                  candidates: tuple[str, ...] = CAUSES) -> tuple[str, list[Evidence]]:
+                  slowdown: float | None = None, candidates: tuple[str, ...] = CAUSES,
+                  read_at_ns: int | None = None) -> tuple[str, list[Evidence]]:
         """Most likely local cause of a slow rank on ``node``/``gpu_index`` around ``at_ns``.
 
         The window is from ``lookback_s`` before ``at_ns`` (or from ``since_ns``, the start
         of the slow step, if later) to ``lookahead_s`` after it. ``slowdown`` (the rank's
         time over its peers') lets a clock throttle count only if it explains that much;
         ``candidates`` restricts and orders the causes tried (e.g. `GPU_CAUSES` for a rank
-        whose own compute is slow). Returns ``NONE`` when the node was seen but shows none
-        of them, ``UNKNOWN`` when there is no telemetry around then.
+        whose own compute is slow). ``read_at_ns``: read the digest as of that later window's
+        end (an earlier step judged again with what is known now: a condition is published
+        some samples after it began, and its episode then reaches back to its start). Returns
+        ``NONE`` when the node was seen but shows none of them, ``UNKNOWN`` when there is no
+        telemetry around then.
         """
-        lo = at_ns - int(self.lookback_s * 1e9)
-        if since_ns is not None:
-            lo = max(lo, min(since_ns, at_ns))
-        hi = at_ns + int(self.lookahead_s * 1e9)
-        digest = self.digest_as_of(node, hi)
+        lo, hi, digest = self._around(node, at_ns, since_ns, read_at_ns)
         if digest is None:
             return UNKNOWN, [Evidence("samples", 0, 1, "samples", f"no telemetry from {node} before the step")]
         seen_until = digest.observed_until_ns if digest.silent else max(digest.observed_until_ns,
@@ -348,8 +394,22 @@ class HealthBook:
             evidence = self._check(cause, digest, gpu_index, node, window, at_ns, slowdown)
             if evidence:
                 return cause, evidence
-        return NONE, [Evidence("window_s", (window.hi - window.lo) / 1e9, 1, "s",
-                               f"GPU{gpu_index} unthrottled, its NIC at nominal rate and unpaused, no XID/ECC")]
+        evidence = [Evidence("window_s", (window.hi - window.lo) / 1e9, 1, "s",
+                             f"GPU{gpu_index} unthrottled, its NIC up at nominal rate and unpaused, "
+                             "PCIe links at their maximum, no hardware XID/ECC")]
+        return NONE, evidence + self._application_xids(digest, gpu_index, at_ns)
+
+    def _application_xids(self, digest: NodeHealth, gpu: int, at_ns: int) -> list[Evidence]:
+        """Weak evidence: application XIDs on the GPU (the job's own errors, not the GPU's)."""
+        lo, hi = at_ns - int(self.event_lookback_s * 1e9), at_ns + int(self.lookahead_s * 1e9)
+        entity = gpu_entity(gpu)
+        codes = sorted({e.code for e in digest.events if e.kind == XID and e.entity_id == entity
+                        and e.code in APPLICATION_XIDS and lo <= e.time_ns <= hi})
+        if not codes:
+            return []
+        return [Evidence("application_xid", float(codes[-1]), math.nan, "code",
+                         f"XID {', '.join(map(str, codes))} on {entity}: raised by the application, "
+                         "not a GPU fault")]
 
     # -- rules ----------------------------------------------------------------------------
     def _covering(self, digest: NodeHealth, entity_id: str, condition: str,
@@ -379,8 +439,10 @@ class HealthBook:
     def _check(self, cause, digest, gpu, node, window, at_ns, slowdown) -> list[Evidence]:
         if cause in (THERMAL, POWER):
             return self._throttle(cause, digest, gpu, window, slowdown)
-        if cause in (NIC_DOWNGRADE, STORM_VICTIM):
-            return self._network(cause, digest, self.nic_for(node, gpu), window)
+        if cause == GPU_PCIE:
+            return self._state(cause, digest, gpu_entity(gpu), window)
+        if cause in (NIC_DOWN, NIC_DOWNGRADE, NIC_PCIE, STORM_VICTIM, PARTIAL_PAUSE):
+            return self._state(cause, digest, self.nic_for(node, gpu), window, slowdown)
         if cause in (XID, ECC):
             return self._events(cause, digest, gpu, at_ns)
         raise ValueError(f"candidates: unknown cause {cause!r}; known: {CAUSES}")
@@ -410,31 +472,58 @@ class HealthBook:
             Evidence("power_w", main.power_w, math.nan, "W"),
         ]
 
-    def _network(self, cause, digest, nic, window) -> list[Evidence]:
-        fraction, hits = self._covering(digest, nic, cause, window)
+    def _state(self, cause, digest, entity, window, slowdown=None) -> list[Evidence]:
+        """A condition of a NIC port or a GPU's link that held over enough of the window."""
+        fraction, hits = self._covering(digest, entity, cause, window)
         if not hits or fraction < self.cause_min_fraction:
             return []
         main = max(hits, key=lambda h: h[1])[0]
         n = sum(k for _, k in hits)
+        if cause == PARTIAL_PAUSE and slowdown is not None and slowdown > 1:
+            duty = min(0.99, fraction * sum(e.value * k for e, k in hits) / n)   # share of the window paused
+            if 1.0 / (1.0 - duty) - 1.0 < PAUSE_EXPLAINS_FRACTION * (slowdown - 1.0):
+                return []
+        share = Evidence(f"{cause}_sample_fraction", fraction, self.cause_min_fraction, "fraction",
+                         f"{n:.0f} samples in the window")
         if cause == NIC_DOWNGRADE:
-            return [
-                Evidence("nic_rate_gbps", main.value, main.reference, "Gb/s",
-                         f"{nic} at {main.detail}, nominal {main.reference:g} Gb/s"),
-                Evidence("downgraded_sample_fraction", fraction, self.cause_min_fraction, "fraction",
-                         f"{n:.0f} samples in the window"),
-            ]
-        return [
-            Evidence("rx_pause_duty", main.value, main.reference, "s/s",
-                     f"{nic} paused by its switch {main.value:.0%} of the time"),
-            Evidence("paused_sample_fraction", fraction, self.cause_min_fraction, "fraction",
-                     f"{n:.0f} samples in the window"),
-        ]
+            return [Evidence("nic_rate_gbps", main.value, main.reference, "Gb/s",
+                             f"{entity} at {main.detail}, nominal {main.reference:g} Gb/s"), share]
+        if cause == NIC_DOWN:
+            return [Evidence("nic_state", main.value, 4, "state", f"{entity} {main.detail}"), share]
+        if cause in (NIC_PCIE, GPU_PCIE):
+            return [Evidence("pcie_width", main.value, main.reference, "lanes", f"{entity} PCIe {main.detail}"),
+                    share]
+        return [Evidence("rx_pause_duty", main.value, main.reference, "s/s",
+                         f"{entity} paused by its switch {main.value:.0%} of the time"), share]
+
+    def related_for(self, node: str, gpu_index: int, at_ns: int, *,
+                    since_ns: int | None = None) -> list[tuple[str, str, str]]:
+        """Anomalies stage 1 had open on the GPU or its NIC during the window around ``at_ns``.
+
+        ``(kind, entity id, id of the anomaly's open event)``, oldest first, read from the
+        digest as of the window's end like `cause_for` (the same answer on any worker).
+
+        >>> book = HealthBook()
+        >>> book.apply(NodeHealth("c1", "n1", 9 * 10**9, 0, 9 * 10**9, episodes=(
+        ...     Episode("mlx5_0/1", "link_downgrade", 2 * 10**9, 9 * 10**9, True, 1, 1, detail="a1b2"),)))
+        >>> book.related_for("n1", 0, 8 * 10**9), book.related_for("n1", 1, 8 * 10**9)
+        ([('link_downgrade', 'mlx5_0/1', 'a1b2')], [])
+        """
+        lo, hi, digest = self._around(node, at_ns, since_ns)
+        if digest is None:
+            return []
+        mine = (gpu_entity(gpu_index), self.nic_for(node, gpu_index))
+        found = [(e.start_ns, e.condition, e.entity_id, e.detail) for e in digest.episodes
+                 if e.condition in RELATED_KINDS and e.entity_id in mine and e.detail
+                 and e.start_ns <= hi and (e.open or e.end_ns >= lo)]
+        return [(kind, entity, ident) for _, kind, entity, ident in sorted(found)]
 
     def _events(self, cause, digest, gpu, at_ns) -> list[Evidence]:
         lo = at_ns - int(self.event_lookback_s * 1e9)
         hi = at_ns + int(self.lookahead_s * 1e9)
         entity = gpu_entity(gpu)
-        hits = [e for e in digest.events if e.kind == cause and e.entity_id == entity and lo <= e.time_ns <= hi]
+        hits = [e for e in digest.events if e.kind == cause and e.entity_id == entity and lo <= e.time_ns <= hi
+                and not (cause == XID and e.code in APPLICATION_XIDS)]
         if not hits:
             return []
         last = hits[-1]
@@ -491,6 +580,9 @@ class NodeHealthBook:
 
     def cause_for(self, node: str, gpu_index: int, at_ns: int, **kwargs) -> tuple[str, list[Evidence]]:
         return self.book.cause_for(node, gpu_index, at_ns, **kwargs)
+
+    def related_for(self, node: str, gpu_index: int, at_ns: int, **kwargs) -> list[tuple[str, str, str]]:
+        return self.book.related_for(node, gpu_index, at_ns, **kwargs)
 
     def nic_for(self, node: str, gpu_index: int) -> str:
         return self.book.nic_for(node, gpu_index)

@@ -70,8 +70,8 @@ import numpy as np
 
 from .findings import CRITICAL, INFO, OPEN, RESOLVED, UPDATE, WARNING, EntityRef, Evidence, Finding
 from .frames import RankStep, SourceView
-from .node_health import (CAUSE_ACTION, GPU_CAUSES, NETWORK_CAUSES, STORM_VICTIM, NodeHealthBook,
-                          describe_cause, rail_nic)
+from .node_health import (CAUSE_ACTION, GPU_CAUSES, NETWORK_CAUSES, NIC_DOWN, NIC_DOWNGRADE, NIC_PCIE, NONE,
+                          PARTIAL_PAUSE, STORM_VICTIM, NodeHealthBook, describe_cause, rail_nic)
 
 DETECTOR = "straggler/v1"
 KIND = "straggler"
@@ -97,6 +97,14 @@ MIN_REPORTED_FRACTION = 0.5  # ... and this share of world_size
 MIN_BASELINE_STEPS = 5       # comm baseline needs this many steps before network rules apply
 JOB_SWEEP_S = 10.0           # look for inactive jobs at most this often (event time)
 RESTART_MIN_GAP_S = 10.0     # a step behind the lag that starts this much after the newest: restart
+# A compute outlier with no GPU cause: the hardware states of its NIC path can still explain
+# it (where the rank's own transfers count in its busy time); pauses received from the switch
+# cannot (they delay the collectives, which every rank waits for alike).
+COMPUTE_FALLBACK_CAUSES = (NIC_DOWN, NIC_DOWNGRADE, NIC_PCIE)
+# A partial pause on the rail NIC of more than this share of a job's nodes (and more than one
+# node) is congestion the job shares (incast on a rail's leaf pauses that rail on every node),
+# not one rank's path: nobody is named for it.
+SHARED_PAUSE_NODE_FRACTION = 0.25
 
 
 @dataclass
@@ -390,14 +398,18 @@ class StragglerDetector:
         Telemetry of the end of a step may arrive after the step's report, so a rank found
         now is looked up again in the window's earlier slow steps that did not name it.
         """
-        seen: dict[tuple[str, int], tuple[str, list[Evidence]]] = {}
+        seen: dict[tuple[str, int], _Flag | None] = {}
         for r in reports:
-            if r.rank in result.flags:
-                continue
             key = (r.node, r.local_gpu)
-            if key not in seen:
+            if r.rank not in result.flags and key not in seen:
                 seen[key] = self._network_cause(result, r.node, r.local_gpu)
-            flag = seen[key]
+        paused = {node for (node, _), f in seen.items() if f is not None and f.cause == PARTIAL_PAUSE}
+        nodes = len({r.node for r in reports})
+        if len(paused) > max(1, SHARED_PAUSE_NODE_FRACTION * nodes):
+            self.stats["shared_pause_steps"] += 1
+            seen = {k: (None if f is not None and f.cause == PARTIAL_PAUSE else f) for k, f in seen.items()}
+        for r in reports:
+            flag = None if r.rank in result.flags else seen.get((r.node, r.local_gpu))
             if flag is not None:
                 result.flags[r.rank] = flag
         found = {rank: f for rank, f in result.flags.items() if f.mode == "network"}
@@ -406,16 +418,17 @@ class StragglerDetector:
                 continue
             for rank, f in found.items():
                 if rank not in earlier.flags:
-                    flag = self._network_cause(earlier, f.node, f.gpu)
+                    flag = self._network_cause(earlier, f.node, f.gpu, read_at_ns=result.end_ns)
                     if flag is not None:
                         earlier.flags[rank] = flag
 
-    def _network_cause(self, step: _StepResult, node: str, gpu: int) -> _Flag | None:
+    def _network_cause(self, step: _StepResult, node: str, gpu: int, read_at_ns: int | None = None) -> _Flag | None:
+        c = step.comm
         cause, evidence = self.health.cause_for(node, gpu, step.end_ns, since_ns=step.start_ns,
-                                                candidates=NETWORK_CAUSES)
+                                                slowdown=c.comm_s / c.baseline_comm_s, candidates=NETWORK_CAUSES,
+                                                read_at_ns=read_at_ns)
         if cause not in NETWORK_CAUSES:
             return None
-        c = step.comm
         return _Flag("network", node, gpu, c.slowdown, comm_s=c.comm_s, baseline_comm_s=c.baseline_comm_s,
                      step_s=c.step_s, cause=cause, cause_evidence=evidence)
 
@@ -458,6 +471,11 @@ class StragglerDetector:
             cause, cause_evidence = self.health.cause_for(last.node, last.gpu, flagged[-1].end_ns,
                                                           since_ns=first.start_ns, slowdown=slowdown,
                                                           candidates=GPU_CAUSES)
+            if cause == NONE:
+                path = self.health.cause_for(last.node, last.gpu, flagged[-1].end_ns, since_ns=first.start_ns,
+                                             candidates=COMPUTE_FALLBACK_CAUSES)
+                if path[0] in COMPUTE_FALLBACK_CAUSES:
+                    cause, cause_evidence = path
         who = f"{job_id} rank {rank} ({last.node} gpu{last.gpu})"
         n = len(flagged)
         if last.mode == "compute":
@@ -492,6 +510,11 @@ class StragglerDetector:
             evidence += cause_evidence
         elif self.health is None:
             action = "attach a NodeHealthBook for a probable cause"
+        related = self._related(last.node, last.gpu, flagged[-1].end_ns, first.start_ns)
+        if related:
+            summary += "; see " + ", ".join(f"{kind} {ident}" for kind, _, ident in related)
+            evidence += [Evidence("related_anomaly", 1.0, math.nan, "id", f"{ident} {kind} on {last.node} {entity}")
+                         for kind, entity, ident in related]
         nic = self.health.nic_for(last.node, last.gpu) if self.health is not None else rail_nic(last.gpu)
         device, _, port = nic.partition("/")
         finding = Finding(
@@ -512,6 +535,11 @@ class StragglerDetector:
                      EntityRef(cluster=cluster, node=last.node, device=device, port=port)],
         )
         return finding, cause
+
+    def _related(self, node: str, gpu: int, at_ns: int, since_ns: int) -> list[tuple[str, str, str]]:
+        """Anomalies already open on the rank's GPU or NIC (kind, entity, open event id)."""
+        related_for = getattr(self.health, "related_for", None)
+        return related_for(node, gpu, at_ns, since_ns=since_ns) if related_for is not None else []
 
     def _severity(self, slowdown: float, cause: str, opened: Finding | None) -> str:
         # A rank slowed because its NIC is paused by a PFC storm is a symptom: the storm

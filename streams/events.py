@@ -5,8 +5,6 @@ telemetry yields the same events and a redelivered finding yields the same id.
 """
 from __future__ import annotations
 
-import hashlib
-
 from fabricwatch.models.findings import CRITICAL, INFO, OPEN, RESOLVED, UPDATE, WARNING, EntityRef, Finding
 from fabricwatch.protos.v1 import events_pb2 as ev
 
@@ -22,8 +20,7 @@ def _path(ref: EntityRef) -> ev.EntityPath:
 
 
 def event_id(finding: Finding) -> str:
-    digest = hashlib.sha256(f"{finding.dedup_key}|{finding.state}|{finding.detected_ns}".encode()).hexdigest()
-    return digest[:24]
+    return finding.event_id
 
 
 def to_event(finding: Finding, emitted_ns: int) -> ev.AnomalyEvent:

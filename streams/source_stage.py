@@ -169,7 +169,7 @@ class SourceStage:
         for detector in self.detectors:
             findings += detector.update_batch(batch)
         out.pause_records = list(self.watchdog.update_batch(batch))
-        out.facts = list(self.health.update_batch(batch))
+        out.facts = list(self.health.update_batch(batch, findings))
         out.facts += [NominalVote(*vote) for vote in self.downgrade.take_votes()]
         self._progress(batch, out)
         findings.sort(key=lambda f: (f.detected_ns, f.kind, f.entity.path()))

@@ -64,7 +64,8 @@ CONSEQUENCES: dict[str, frozenset[str]] = {
     "pfc_storm": frozenset({"straggler"}),
     "gpu_xid": frozenset({"straggler"}),
     "gpu_ecc_uncorrectable": frozenset(),
-    "straggler": frozenset(),
+    # the straggler's own cause, where it is an anomaly of its own on its node (its dead NIC)
+    "straggler": frozenset({"link_flap", "link_down"}),
 }
 
 # Classes whose ground truth names victims that are not at fault (storm-paused ports; the
@@ -100,6 +101,7 @@ class Detection:
     rank: str = ""
     detector: str = ""
     summary: str = ""
+    cause: str = ""             # the event's cause code (a straggler's probable cause)
 
 
 def entity_path(e: ev.EntityPath) -> str:
@@ -118,7 +120,7 @@ def detection_from_event(event: ev.AnomalyEvent) -> Detection | None:
     e = event.entity
     return Detection(kind=event.kind, entity=entity_path(e), detected_ns=int(event.detected_unix_ns),
                      node=e.node, device=e.device, job=e.job, rank=e.rank, detector=event.detector,
-                     summary=event.summary)
+                     summary=event.summary, cause=event.cause_code)
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,7 @@ class TruePositive:
     delay_ns: int
     gt_index: int
     detail: dict = field(default_factory=dict, compare=False, hash=False)
+    cause: str = ""             # the detection's cause code
 
 
 @dataclass(frozen=True)
@@ -237,7 +240,7 @@ def match(detections: list[Detection | None], gts: list[GroundTruth], interval_s
                 t = min(fresh, key=lambda t: (t.gt.onset_unix_ns, t.index))
                 detail = {"scenario_interval_s": interval_s, **(t.gt.detail or {})}
                 tp = TruePositive(cls, t.gt.entity, t.gt.onset_unix_ns, d.detected_ns,
-                                  d.detected_ns - t.gt.onset_unix_ns, t.index, detail)
+                                  d.detected_ns - t.gt.onset_unix_ns, t.index, detail, d.cause)
                 detected[t.index] = tp
                 m.tps.append(tp)
             else:

@@ -48,6 +48,12 @@ TARGET_F1 = 0.95
 TARGET_PRECISION = 0.95
 TARGET_FP_PER_1000_NODE_HOURS = 1.0
 TARGET_STRAGGLER_STEPS = 3
+# Share of injected stragglers named with their true probable cause (issue #14: the cause is
+# what on-call acts on; a missed straggler has no cause and counts as wrong).
+TARGET_CAUSE_ACCURACY = 0.9
+# The simulator's straggler causes -> the cause code fabricwatch should give (the software
+# and hardware thermal slowdowns are both "thermal").
+STRAGGLER_CAUSE_CODE = {"sw_thermal": "thermal"}
 
 
 # --------------------------------------------------------------------------- running
@@ -220,6 +226,14 @@ class Scores:
     healthy_node_hours: float
     healthy_fp: dict[str, Counter]                     # detector -> kind -> FPs on healthy runs
     healthy_node_hours_by_interval: dict[float, float]
+    # fabricwatch: true straggler cause -> Counter(cases, named, correct), and the wrong answers
+    straggler_causes: dict[str, Counter] = field(default_factory=dict)
+    cause_confusion: Counter = field(default_factory=Counter)   # (true cause, given cause code)
+
+    def cause_accuracy(self) -> tuple[int, int]:
+        """(correct, cases) over every injected straggler."""
+        return (sum(c["correct"] for c in self.straggler_causes.values()),
+                sum(c["cases"] for c in self.straggler_causes.values()))
 
 
 def _steps_between(run: ScenarioRun, job: str, onset_ns: int, detected_ns: int) -> int | None:
@@ -281,7 +295,34 @@ def score(runs: list[ScenarioRun], detectors: tuple[str, ...] = DETECTORS) -> Sc
                 cs[dup.kind].duplicates += 1
             for ex, _ in m.explained:
                 cs[ex.kind].explained += 1
-    return Scores({d: dict(v) for d, v in classes.items()}, matches, nh, healthy_fp, dict(nh_by_iv))
+    causes, confusion = _straggler_causes(runs, matches)
+    return Scores({d: dict(v) for d, v in classes.items()}, matches, nh, healthy_fp, dict(nh_by_iv), causes, confusion)
+
+
+def _straggler_causes(runs: list[ScenarioRun], matches: dict) -> tuple[dict[str, Counter], Counter]:
+    """Per true cause of the injected stragglers: how many, how many named, how many with that cause."""
+    causes: dict[str, Counter] = defaultdict(Counter)
+    confusion: Counter = Counter()
+    for run in runs:
+        m = matches.get((run.scenario.name, FABRICWATCH))
+        if m is None or run.scenario.suite == "healthy":
+            continue
+        given = {tp.gt_index: tp.cause for tp in m.tps if tp.cls == "straggler"}
+        for i, gt in enumerate(run.truths):
+            if gt.kind != "straggler" or not gt.expect_alert:
+                continue
+            true = str(gt.detail.get("cause", ""))
+            c = causes[true]
+            c["cases"] += 1
+            if i in given:
+                c["named"] += 1
+                ok = given[i] == STRAGGLER_CAUSE_CODE.get(true, true)
+                c["correct"] += ok
+                if not ok:
+                    confusion[(true, given[i] or "-")] += 1
+            else:
+                confusion[(true, "not named")] += 1
+    return dict(causes), confusion
 
 
 # --------------------------------------------------------------------------- formatting helpers
@@ -496,6 +537,11 @@ def _targets(scores: Scores) -> list[tuple[str, str, bool | str | None]]:
     worst = max(s.delay_steps) if s.delay_steps else None
     out.append(("Straggler named within 3 steps", f"{k}/{n} named within 3 steps of the onset"
                 + (f" (worst {worst})" if worst is not None else ""), (k == n) if n else None))
+    ok_n, cases = scores.cause_accuracy()
+    accuracy = ok_n / cases if cases else None
+    out.append((f"Straggler probable cause correct >= {TARGET_CAUSE_ACCURACY:g}",
+                f"{ok_n}/{cases} injected stragglers = {_f(accuracy)}" if cases else "no straggler injected",
+                None if accuracy is None else accuracy >= TARGET_CAUSE_ACCURACY))
     nfp = sum(scores.healthy_fp[FABRICWATCH].values())
     nh = scores.healthy_node_hours
     rate = _per_1000(nfp, nh)
@@ -511,6 +557,28 @@ def _targets(scores: Scores) -> list[tuple[str, str, bool | str | None]]:
     out.append((f"<= {TARGET_FP_PER_1000_NODE_HOURS:g} false alarm per 1000 node-hours (healthy runs)",
                 f"{nfp} in {nh:.1f} node-hours = {_f(rate, 1)} per 1000 (95% upper bound {_f(upper, 0)})", verdict))
     return out
+
+
+def _cause_table(scores: Scores) -> list[str]:
+    """The straggler probable-cause table (fabricwatch)."""
+    if not scores.straggler_causes:
+        return []
+    out = ["### straggler probable cause", "",
+           "Per true cause of the injected stragglers: cases, how many fabricwatch named (the straggler "
+           "TP), how many with the right cause code (`cause_code` of its OPEN event; thermal and "
+           "software thermal are both `thermal`). Accuracy = correct / cases: a straggler never named has "
+           "no cause and counts as wrong.", "",
+           "| true cause | cases | named | correct | accuracy |", "|---|---|---|---|---|"]
+    for cause, c in sorted(scores.straggler_causes.items()):
+        out.append(f"| {cause} | {c['cases']} | {c['named']} | {c['correct']} | "
+                   f"{_f(c['correct'] / c['cases'] if c['cases'] else None)} |")
+    ok_n, cases = scores.cause_accuracy()
+    named = sum(c["named"] for c in scores.straggler_causes.values())
+    out.append(f"| **overall** | {cases} | {named} | {ok_n} | {_f(ok_n / cases if cases else None)} |")
+    if scores.cause_confusion:
+        out += ["", "Wrong answers (true cause -> given): " + ", ".join(
+            f"{t} -> {g} {n}" for (t, g), n in sorted(scores.cause_confusion.items())) + "."]
+    return out + [""]
 
 
 def _verdict(ok) -> str:
@@ -599,6 +667,7 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
             add("")
             add("FP reasons / not counted: " + "; ".join(reasons) + ".")
         add("")
+    lines.extend(_cause_table(scores))
     for p in plots:
         add(f"![{p.stem}]({_rel(p, path.parent)})")
         add("")

@@ -14,7 +14,9 @@ Suites (``suite`` field):
   followed by XID 45 on 1-7 sibling GPUs), uncorrectable ECC errors; plus one buggy job's
   application XIDs (13/31/43, must not fire) per round.
 * ``straggler`` (1 s, 8 nodes): one slow rank per multi-node job, from thermal, software
-  thermal or power capping, an invisible cause (slow data loader) or a downgraded NIC.
+  thermal or power capping, an invisible cause (slow data loader), a downgraded NIC, the
+  NIC's or the GPU's PCIe link at x8, a partial PFC pause on its NIC, or its NIC dead with
+  NCCL on a sibling (at least 3 of each).
 * ``pfc_storm`` (0.1 s, 4 nodes): the sonic-mgmt pfcwd test plan: single-port storms during
   traffic, two-port (same and different leaf), all-port storms, a storm with no traffic, a
   storm ended by the NIC's own watchdog; PFC needs 0.1 s sampling so that the 200 ms
@@ -85,7 +87,8 @@ APP_XID_CODES = (13, 31, 43)
 CASCADE_FRACTION = 0.5
 # Not "storm_victim": the simulator's storm next door has a stuck host, which hangs the source's
 # job and pauses the victim's almost completely, so no step of the slow rank ever completes.
-STRAGGLER_CAUSES = ("thermal", "power", "none", "nic_downgrade", "sw_thermal")
+STRAGGLER_CAUSES = ("thermal", "power", "none", "nic_downgrade", "sw_thermal", "nic_pcie", "partial_pause",
+                    "gpu_pcie", "nic_down")
 
 
 def fault_class(gt_kind: str) -> str | None:
@@ -136,7 +139,7 @@ class SuiteConfig:
     quick: bool = False
     seed: int = 0
     mix_scenarios: int = 12          # x 2 rounds: 24 cases of each fault-mix class
-    straggler_scenarios: int = 13    # 1-2 stragglers each (one per multi-node job)
+    straggler_scenarios: int = 14    # 1-2 stragglers each (one per multi-node job): >= 3 per cause
     storm_pair_scenarios: int = 6    # x 2 sequential single-port storms
     healthy_node_hours: float = 8.0  # long healthy runs (1 s sampling) for false alarms
     healthy_nodes: int = 32
