@@ -49,6 +49,8 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
+from fabricwatch.xid import is_gpu_fault
+
 from .findings import Evidence
 from .frames import SourceView
 from .topology import Topology
@@ -102,11 +104,6 @@ CAUSE_ACTION = {
 }
 # Conditions an episode can record: the causes that are states of a GPU or NIC port.
 CONDITIONS = (THERMAL, POWER, NIC_DOWN, NIC_DOWNGRADE, NIC_PCIE, STORM_VICTIM, PARTIAL_PAUSE, GPU_PCIE)
-# NVIDIA's XID catalog: XIDs caused by the application (13 graphics engine exception, 31 MMU
-# fault / illegal address, 43 GPU stopped processing: the user's kernel) and 45 (preemptive
-# cleanup: the driver tearing a channel down after another fault) say nothing of the GPU's
-# health. They are not a straggler's cause; they are shown as evidence when nothing else is.
-APPLICATION_XIDS = frozenset({13, 31, 43, 45})
 # Anomalies that stage 1 opens on a node's NIC or GPU, which a straggler on that NIC or GPU
 # cites by id (the digest carries them as episodes whose condition is the kind and whose
 # detail is the id of the open event; `HealthBook.related_for`).
@@ -400,11 +397,13 @@ class HealthBook:
         return NONE, evidence + self._application_xids(digest, gpu_index, at_ns)
 
     def _application_xids(self, digest: NodeHealth, gpu: int, at_ns: int) -> list[Evidence]:
-        """Weak evidence: application XIDs on the GPU (the job's own errors, not the GPU's)."""
+        """Weak evidence: XIDs that say nothing of the GPU's health (NVIDIA's catalog: the
+        application's own errors such as 13, 31, 43, and 45, the driver's cleanup after
+        another fault), shown when nothing else explains the rank."""
         lo, hi = at_ns - int(self.event_lookback_s * 1e9), at_ns + int(self.lookahead_s * 1e9)
         entity = gpu_entity(gpu)
         codes = sorted({e.code for e in digest.events if e.kind == XID and e.entity_id == entity
-                        and e.code in APPLICATION_XIDS and lo <= e.time_ns <= hi})
+                        and not is_gpu_fault(e.code) and lo <= e.time_ns <= hi})
         if not codes:
             return []
         return [Evidence("application_xid", float(codes[-1]), math.nan, "code",
@@ -523,7 +522,7 @@ class HealthBook:
         hi = at_ns + int(self.lookahead_s * 1e9)
         entity = gpu_entity(gpu)
         hits = [e for e in digest.events if e.kind == cause and e.entity_id == entity and lo <= e.time_ns <= hi
-                and not (cause == XID and e.code in APPLICATION_XIDS)]
+                and not (cause == XID and not is_gpu_fault(e.code))]
         if not hits:
             return []
         last = hits[-1]
