@@ -13,8 +13,15 @@ Phases, all in one run on one broker (a fresh local one unless --broker):
 3. gateway: the snapshots sent by the collector sender over gRPC (TLS off, loopback) to a
    `fabricwatch gateway` process, acked after the Kafka write.
 4. latency: the worker running and caught up, snapshots sent at a fixed rate with fresh
-   timestamps; a link flips between 400G and 200G on some nodes every tick, and the time
-   from each flipping sample's timestamp to its anomaly on the topic is measured.
+   timestamps; a link flips between 400G and 200G on some nodes at every full tick (the
+   simulator samples at the collectors' cadence: PFC-only ticks carry no rate), and the
+   time from each flipping sample's timestamp to its anomaly on the topic is measured.
+   The sender is driven directly: the node collector's linger (`--collector-linger`,
+   urgent ticks excepted) comes on top.
+
+Snapshots are ticks at the collectors' cadence (10 PFC-only per full one), so the
+throughput columns mix small and full snapshots; `scale_bench.py` measures the worker
+per node-second at scale.
 
 Every phase is repeated `--repeats` times and the median reported; the machine is noisy.
 """
@@ -202,22 +209,28 @@ async def latency(bootstrap: str, listen: str, workdir: Path, nodes: int, rate_p
 
     reader = asyncio.create_task(read())
     try:
-        flip_nodes = max(1, nodes // 32)
+        flip_nodes = max(1, nodes // 8)
         per_tick = nodes
         ticks = int(seconds * rate_per_s / per_tick)
         interval = per_tick / rate_per_s
         t_start = time.monotonic()
+        full_ticks: dict[str, int] = {}
         for i in range(ticks):
             snaps = [s for s in sim.tick() if s.source_kind == pb.SOURCE_KIND_NODE]
             now = time.time_ns()
+            # Fresh timestamps, keeping each tick's offsets (a full tick's PFC-only and full
+            # snapshots must not collide as duplicates).
+            tick_ns = min(s.time_unix_ns for s in snaps)
             for k, s in enumerate(snaps):
                 del s.rank_steps[:]
-                s.time_unix_ns = now
-                if k < flip_nodes and i >= 2:
-                    nic = [b for b in s.blocks if b.entity_kind == pb.ENTITY_KIND_NIC_PORT][0]
-                    rate = next(c for c in nic.labels if c.name == "rate")
-                    rate.values[0] = "200 Gb/sec (4X HDR)" if i % 2 else "400 Gb/sec (4X NDR)"
-                    sent_flips[(s.source, i)] = now
+                s.time_unix_ns = now + (s.time_unix_ns - tick_ns)
+                rate = next((c for b in s.blocks if b.entity_kind == pb.ENTITY_KIND_NIC_PORT
+                             for c in b.labels if c.name == "rate"), None)
+                if k < flip_nodes and rate is not None:     # full ticks only: PFC-only ticks carry no rate
+                    full = full_ticks[s.source] = full_ticks.get(s.source, 0) + 1
+                    rate.values[0] = "200 Gb/sec (4X HDR)" if full % 2 else "400 Gb/sec (4X NDR)"
+                    if full > 2:
+                        sent_flips[(s.source, i)] = s.time_unix_ns
                 sender.submit(s)
             await asyncio.sleep(max(0.0, t_start + (i + 1) * interval - time.monotonic()))
         await sender.drain(60)
@@ -260,21 +273,12 @@ async def main(args) -> None:
                 print(f"repeat {r + 1}: raw {raw[-1]:.0f}/s worker {work[-1]:.0f}/s gateway {gw[-1]:.0f}/s",
                       file=sys.stderr)
             lat_rate = args.latency_rate or 0.5 * min(statistics.median(work), statistics.median(gw))
-            if args.latency_only:
-                raw, work, gw = [float("nan")], [float("nan")], [float("nan")]
             lat = await latency(bootstrap, listen, workdir, args.nodes, lat_rate, args.latency_seconds)
         finally:
             gateway.terminate()
             gateway.wait(30)
     med = statistics.median
-    report = f"""
-### Pipeline throughput and latency ({time.strftime('%Y-%m-%d')})
-
-Command: `python3 bench/pipeline_bench.py --nodes {args.nodes} --ticks {args.ticks} --repeats {args.repeats}{
-        f" --latency-rate {args.latency_rate:g}" if args.latency_rate else ""}{" --latency-only" if args.latency_only else ""}`
-Machine: {usable_cpus()} vCPU ({cpu_model()}), Python {platform.python_version()},
-broker, gateway, worker and load generator all on this machine.
-Workload: {n} node snapshots from the simulator ({args.nodes} nodes x 8 GPUs x 8 NICs x {args.ticks} ticks),
+    throughput = "" if args.latency_only else f"""Workload: {n} node snapshots from the simulator ({args.nodes} nodes x 8 GPUs x 8 NICs x {args.ticks} ticks),
 {values:.0f} counter/gauge values and {size / 1024:.1f} KiB per snapshot.
 
 | measure (median of {args.repeats}) | node snapshots/s | values/s | ratio to raw consume |
@@ -285,7 +289,17 @@ Workload: {n} node snapshots from the simulator ({args.nodes} nodes x 8 GPUs x 8
 
 Per-repeat: raw {', '.join(f'{x:,.0f}' for x in raw)}; worker {', '.join(f'{x:,.0f}' for x in work)};
 gateway {', '.join(f'{x:,.0f}' for x in gw)}.
+"""
+    report = f"""
+### Pipeline throughput and latency ({time.strftime('%Y-%m-%d')})
 
+Command: `python3 bench/pipeline_bench.py --nodes {args.nodes} {"" if args.latency_only else
+        f"--ticks {args.ticks} --repeats {args.repeats} "}{f"--latency-rate {args.latency_rate:g} " if args.latency_rate else ""}{
+        f"--latency-seconds {args.latency_seconds:g}"}{" --latency-only" if args.latency_only else ""}`
+Machine: {usable_cpus()} vCPU ({cpu_model()}), Python {platform.python_version()},
+broker, gateway, worker and load generator all on this machine; load average after the run
+{os.getloadavg()[0]:.2f} / {os.getloadavg()[1]:.2f} / {os.getloadavg()[2]:.2f}.
+{throughput}
 End-to-end latency at {lat_rate:,.0f} snapshots/s sent through the gateway (sample timestamp
 -> anomaly record received from the anomalies topic), {len(lat)} link flips:
 p50 **{pct(lat, 0.5) * 1000:.0f} ms**, p99 **{pct(lat, 0.99) * 1000:.0f} ms**, max {max(lat, default=float('nan')) * 1000:.0f} ms.

@@ -98,7 +98,7 @@ class GatewaySettings:
     max_buffered: int = DEFAULT_MAX_BUFFERED
     max_batch: int = 64
     linger_s: float = 2.0                # hold snapshots this long and hand them over together...
-    flush_on_pause: bool = True          # ...unless a port pauses (`PauseWatch`) or an XID arrived: at once
+    flush_on_pause: bool = True          # ...unless a port pauses (`PauseWatch`), a link changes or an XID arrived: at once
 
 
 @dataclass(frozen=True)
@@ -323,6 +323,9 @@ class _Schedule:
 URGENT_PAUSE_DUTY = 0.5
 # The same for a port that exports pause frame counts but no durations: frames per second.
 URGENT_PAUSE_FRAMES_PER_S = 1000.0
+# sysfs labels whose change (a link down or up, retrained to another speed or width) hands
+# the tick over at once, as a pause does.
+LINK_STATE_LABELS = ("state", "phys_state", "rate")
 
 
 class PauseWatch:
@@ -401,6 +404,8 @@ class NodeCollector:
         self._pfc_ports: list[tuple[str, str]] = []   # (entity id, netdev) of the RoCE ports
         self._pfc_last: dict[str, tuple] = {}         # entity id -> its pause columns at the last tick
         self._pause_watches: dict[tuple, PauseWatch] = {}   # counter names -> which columns are pauses
+        self._link_last: dict[str, tuple] | None = None    # entity id -> its LINK_STATE_LABELS at the last sysfs read
+        self._link_changed = False
 
     def close(self) -> None:
         if self.gpu is not None:
@@ -408,6 +413,21 @@ class NodeCollector:
         if self.ethtool is not None:
             self.ethtool.close()
         self.nic.close()
+
+    def _note_link_changes(self, rows: dict[str, EntityRow]) -> None:
+        """A port whose state, physical state or rate changed since the last sysfs read makes
+        this tick urgent: a link going down or training low must not wait for the linger."""
+        now = {e: tuple(r.labels.get(k, "") for k in LINK_STATE_LABELS) for e, r in rows.items()}
+        if self._link_last is not None and self.config.gateway.flush_on_pause and any(
+                self._link_last.get(e, v) != v for e, v in now.items()):
+            self._link_changed = True
+            self.stats["link_change_ticks"] += 1
+        self._link_last = now
+
+    def take_link_change(self) -> bool:
+        """Whether a link changed since the last call (and forget it)."""
+        changed, self._link_changed = self._link_changed, False
+        return changed
 
     # -- which sources run ----------------------------------------------------------------------
     def enabled_sources(self) -> list[str]:
@@ -442,6 +462,7 @@ class NodeCollector:
             for row in self.nic.sample():
                 rows[row.entity_id] = row
                 self._speed[row.entity_id] = row.gauges.get("netdev_speed_mbps", NAN)
+            self._note_link_changes(rows)
         if self.ethtool is not None and ("ethtool" in due or "ethtool_pfc" in due):
             groups = [g for g, s in (("slow", "ethtool"), ("fast", "ethtool_pfc")) if s in due]
             group = groups[0] if len(groups) == 1 else "all"
@@ -647,7 +668,7 @@ class NodeCollector:
                 if not held:
                     held_since = now
                 held.append(item)
-            urgent = isinstance(item, _PfcTick) and item.urgent
+            urgent = (isinstance(item, _PfcTick) and item.urgent) or self.take_link_change()
             if held and (urgent or time.monotonic() - held_since >= linger - _SAME_TICK_S):
                 hand_over(self._built(held))
                 held = []

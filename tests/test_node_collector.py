@@ -835,6 +835,27 @@ async def test_quiet_ticks_linger_but_moving_pause_counters_go_out_at_once():
     assert stats["urgent_ticks"] == len(pauses) - moved
 
 
+def test_a_link_that_changes_state_or_rate_makes_its_tick_urgent(tmp_path):
+    """A link going down or retraining must not wait for the linger; a steady one waits."""
+    root = tmp_path / "sysfs"
+    shutil.copytree(IB, root, symlinks=True)
+    collector = NodeCollector(NodeConfig.from_dict({"node_name": "ib-node", "sysfs_root": str(root)}), gpu_reader=False)
+    try:
+        collector.collect({"sysfs"})
+        assert not collector.take_link_change()              # the first read has nothing to compare with
+        collector.collect({"sysfs"})
+        assert not collector.take_link_change()
+        state = next(root.rglob("mlx5_0/ports/1/state"))
+        state.write_text("1: DOWN\n")
+        collector.collect({"sysfs"})
+        assert collector.take_link_change() and not collector.take_link_change()   # taken once
+        collector.collect({"sysfs"})
+        assert not collector.take_link_change()              # still down: no change
+        assert collector.stats["link_change_ticks"] == 1
+    finally:
+        collector.close()
+
+
 def test_ib_node_sends_no_pfc_ticks():
     cfg = NodeConfig.from_dict({"node_name": "ib-node", "sysfs_root": str(IB)})
     collector = NodeCollector(cfg, ethtool_reader=EthtoolReader(source=recorded_ethtool()), gpu_reader=False)
