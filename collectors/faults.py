@@ -204,7 +204,9 @@ class PfcStorm:
       ``tx_pause_storm_error_events`` +1 at the timeout, and the NIC stops pausing.
     * A storm shorter than ``min_alert_s`` (SONiC's default detection time) is recorded
       with ``expect_alert=False``. A source whose node runs no job has nothing queued for
-      it: occupancy stays 0 and nobody else is paused (the "no traffic" variant).
+      it: occupancy stays 0 and nobody else is paused (the "no traffic" variant); its
+      pauses hold nothing, so it is recorded with ``expect_alert=False`` too (sonic-mgmt
+      ``test_pfcwd_no_traffic``: pause frames with nothing queued are not a storm).
     """
     sources: tuple[tuple[str, str], ...]
     onset_s: float

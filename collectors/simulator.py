@@ -1517,7 +1517,9 @@ class ClusterSimulator:
                         f.kind, nic_path(node, nic), self._ns(f.onset_s), self._ns(f.effective_offset_s),
                         victims=victims,
                         related=(port_path(self._switches[self._p_switch[p]], self._sp_name[self._p_sp[p]]),),
-                        expect_alert=(not f.xon_only) and f.duration_s >= f.min_alert_s,
+                        # nothing queued for an idle source: its pauses hold nothing, not a storm
+                        # (sonic-mgmt test_pfcwd_no_traffic)
+                        expect_alert=(not f.xon_only) and f.duration_s >= f.min_alert_s and plan["fed"][p],
                         detail={"priority": 3, "traffic_to_source": plan["fed"][p], "sources": len(f.sources),
                                 "stuck_host": f.stuck_host, "nic_watchdog_ms": f.nic_watchdog_ms, **detail}))
             elif isinstance(f, Straggler):
