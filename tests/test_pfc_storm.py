@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from fabricwatch.collectors.faults import AdminToggle, NodeReboot, PfcStorm
+from fabricwatch.collectors.faults import AdminToggle, NodeReboot, PfcStorm, PinnedCounter, SwitchPfcStorm
 from fabricwatch.collectors.simulator import ClusterSimulator, Job
 from fabricwatch.models.findings import OPEN, RESOLVED, UPDATE, EntityRef, Evidence
 from fabricwatch.models.frames import NIC_PORT, SWITCH_PORT, EntityFrame, SourceView
 from fabricwatch.models.pfc_storm import PAUSED, PAUSING, PauseStateChange, PfcWatchdog
 from fabricwatch.models.rates import RateTracker
-from fabricwatch.models.storm_locator import SILENT_SOURCE_CONFIDENCE, SWITCH_SOURCE_CONFIDENCE, StormLocator
+from fabricwatch.models.storm_locator import (ORPHAN_GRACE_MS, SILENT_SOURCE_CONFIDENCE, SWITCH_SOURCE_CONFIDENCE,
+                                              StormLocator)
 from fabricwatch.models.topology import rail_optimised
 from fabricwatch.streams.decode import to_view
 
@@ -65,12 +66,14 @@ class NicPort:
 
 
 class SwitchPort(NicPort):
-    def __init__(self, source="leaf-u0-r2", port="Ethernet4"):
-        super().__init__(source, port, SW_NAMES)
+    def __init__(self, source="leaf-u0-r2", port="Ethernet4", names=SW_NAMES):
+        super().__init__(source, port, names)
 
-    def step(self, dt_s=INTERVAL_S, rx_duty=0.0, tx_bps=0.0, occupancy=0.0, oper_up=1.0, **_):
+    def step(self, dt_s=INTERVAL_S, rx_duty=0.0, tx_bps=0.0, occupancy=0.0, oper_up=1.0, tx_duty=0.0, rx_bps=0.0,
+             **_):
         inc = {"pfc3-rx-pause-duration-us": rx_duty * dt_s * 1e6, "pfc3-rx-pkts": rx_duty * dt_s * 23_000,
-               "queue3-transmit-octets": tx_bps * dt_s}
+               "queue3-transmit-octets": tx_bps * dt_s, "pfc3-tx-pause-duration-us": tx_duty * dt_s * 1e6,
+               "pfc3-tx-pkts": tx_duty * dt_s * 23_000, "in-octets": rx_bps * dt_s}
         for k in self.totals:
             self.totals[k] += inc.get(k, 0.0)
         self.t_ns += int(round(dt_s * 1e9))
@@ -216,6 +219,45 @@ def test_switch_queue_needs_occupancy_and_no_transmission():
     held = SwitchPort()
     held.run(2)
     assert roles(held.run(2, rx_duty=0.998, occupancy=3e6)) == [("c1/leaf-u0-r2/Ethernet4", PAUSED, True)]
+
+
+def SwitchPortTx():
+    """A SONiC port: also the pauses it sends (SAI PFC_3_TX_PAUSE_DURATION_US) and its ingress."""
+    return SwitchPort(names=SW_NAMES + ("pfc3-tx-pause-duration-us", "in-octets"))
+
+
+def test_switch_port_sending_pauses_while_receiving_nothing_is_pausing():
+    port = SwitchPortTx()
+    port.run(3, rx_bps=5e9)                                    # its peer was sending to it
+    onset = port.run(2, tx_duty=0.999)
+    assert roles(onset) == [("c1/leaf-u0-r2/Ethernet4", PAUSING, True)]
+    assert onset[0].value("tx_pause_duty") == pytest.approx(0.999)
+    assert roles(port.run(5)) == [("c1/leaf-u0-r2/Ethernet4", PAUSING, False)]
+    still_flowing = SwitchPortTx()
+    still_flowing.run(3, rx_bps=5e9)
+    assert still_flowing.run(10, tx_duty=0.97, rx_bps=0.3 * LINE_BPS) == []   # congestion, not stuck
+    idle = SwitchPortTx()
+    idle.run(15)
+    assert idle.run(10, tx_duty=0.999) == []                   # its peer has nothing to send: holds nothing
+    # without the column (EOS, Cumulus) the rule is as before: nothing is read from frame counts
+    legacy = SwitchPort()
+    legacy.run(3)
+    assert legacy.run(10, tx_bps=5e9) == []
+
+
+def test_nic_with_pinned_port_xmit_wait_falls_back_on_its_recent_traffic():
+    pinned = 2.0**32 - 1
+    busy = NicPort()
+    busy.totals["port_xmit_wait"] = pinned
+    busy.run(3, tx_bps=20e9)                                   # sending; port_xmit_wait stuck at all-ones
+    onset = busy.run(2, rx_duty=0.97)                          # it waits, but the counter cannot move
+    assert roles(onset) == [("c1/node-0003/mlx5_2/1", PAUSED, True)]
+    assert onset[0].value("recent_traffic") == 1.0 and np.isnan(onset[0].value("port_xmit_wait_per_s"))
+    assert busy.tracker.stats["saturated_counters"] == 4            # every interval after the first sample
+    idle = NicPort()
+    idle.totals["port_xmit_wait"] = pinned
+    idle.run(15)
+    assert idle.run(10, rx_duty=0.97) == []                    # pinned is unknown, not "waiting"
 
 
 def test_admin_down_port_is_no_evidence():
@@ -373,10 +415,10 @@ class Run:
 
 
 def simulate(faults=(), seconds=6.0, n_nodes=16, nodes_per_unit=8, jobs=None, drop=None, seed=3,
-             track=()) -> Run:
+             track=(), **sim_kw) -> Run:
     topo = rail_optimised("sim", n_nodes=n_nodes, nodes_per_unit=nodes_per_unit, n_spines=2)
     sim = ClusterSimulator(topo, seed=seed, interval_s=INTERVAL_S, jobs=jobs, faults=list(faults),
-                           rank_steps=False)
+                           rank_steps=False, **sim_kw)
     run = Run(sim)
     rates, wd, loc = RateTracker(), PfcWatchdog(DETECT_MS, RESTORE_MS), StormLocator(topo)
     loc.set_jobs({n: {j.job_id} for j in sim.jobs for n in j.nodes})
@@ -503,6 +545,36 @@ def test_storm_with_no_traffic_to_send_is_not_a_storm():
     run = simulate([PfcStorm(sources=(idle_src,), onset_s=1.0, offset_s=3.0)], seconds=4.0, jobs=JOBS)
     truth = run.sim.ground_truth()[0]
     assert truth.detail["traffic_to_source"] is False and not truth.expect_alert
+    assert run.changes == [] and run.findings == []
+
+
+@pytest.mark.parametrize("tx_duration_exported", [False, True])
+def test_switch_port_storm_with_a_pinned_victim_port_xmit_wait_names_the_switch_port(tx_duration_exported):
+    topo = rail_optimised("sim", n_nodes=16, nodes_per_unit=8, n_spines=2)
+    lp = topo.nic(N(1), "mlx5_2/1")                            # leaf-u0-r2 Ethernet0, a busy job-b NIC
+    run = simulate([SwitchPfcStorm(lp.switch, lp.switch_port, onset_s=1.0, offset_s=4.0),
+                    PinnedCounter(N(1), "mlx5_2/1")], seconds=6.0, jobs=JOBS,
+                   switch_tx_pause_duration=tx_duration_exported)
+    truth = run.sim.ground_truth()[0]
+    assert truth.entity == "leaf-u0-r2/Ethernet0" and truth.expect_alert
+    assert run.states() == [(OPEN, "sim/leaf-u0-r2/Ethernet0"), (RESOLVED, "sim/leaf-u0-r2/Ethernet0")]
+    t, f = run.findings[0]
+    assert f.cause == "switch_port" and [r.path() for r in f.related] == ["sim/node-0001/mlx5_2/1"]
+    # the victim's port_xmit_wait is unknown (pinned): its recent traffic said it had data to send
+    [victim] = [c for _, c in run.changes if c.role == PAUSED and c.active]
+    assert victim.value("recent_traffic") == 1.0
+    # switch-rooted storms wait for the locator's grace (the congested-switch picture may be late)
+    assert (t - run.at(1.0)) / MS <= DETECT_MS + ORPHAN_GRACE_MS + INTERVAL_S * 1000 + 1e-6
+    pausing = {c.entity.path() for _, c in run.changes if c.role == PAUSING}
+    assert pausing == ({"sim/leaf-u0-r2/Ethernet0"} if tx_duration_exported else set())
+
+
+def test_switch_port_storm_towards_an_idle_node_is_not_a_storm():
+    topo = rail_optimised("sim", n_nodes=16, nodes_per_unit=8, n_spines=2)
+    lp = topo.nic(N(7), "mlx5_2/1")                            # node-0007 runs no job
+    run = simulate([SwitchPfcStorm(lp.switch, lp.switch_port, onset_s=1.0, offset_s=4.0),
+                    PinnedCounter(N(7), "mlx5_2/1")], seconds=6.0, jobs=JOBS, switch_tx_pause_duration=True)
+    assert not run.sim.ground_truth()[0].expect_alert
     assert run.changes == [] and run.findings == []
 
 
