@@ -112,7 +112,8 @@ TIMER_TOLERANCE_FRACTION = 0.01
 # the traffic just before the onset. SONiC test_pfcwd_no_traffic: pauses with nothing
 # queued are not a storm.
 # "Recently" is counted back from the start of the agreeing run (the interval being judged,
-# or the first of the run), so a long sampling interval or a gap does not age it out.
+# or the first of the run), plus one sampling interval (the interval before the run holds
+# the onset, and timestamps jitter), so a long sampling interval or a gap does not age it out.
 DEMAND_LOOKBACK_S = 1.0
 # Traffic that counts as demand: 100 kB/s, ~3 orders above control-plane chatter (LLDP, ARP:
 # a few hundred B/s) and ~5 below one busy RDMA flow; an idle port sends nothing on p.
@@ -498,11 +499,11 @@ class PfcWatchdog:
         read (an empty queue is not held); a NIC's ``port_xmit_wait`` rising says so (NaN,
         i.e. saturated or reset: unknown); otherwise traffic sent on p lately. Pausing: the
         peer had data for the port, i.e. traffic received on p lately. Lately: within
-        `DEMAND_LOOKBACK_S` before the agreeing run started, or during it.
+        `DEMAND_LOOKBACK_S` (+ one interval) before the agreeing run started, or during it.
         """
         P = len(lay.prios)
         since_ns = np.where(cells.count > 0, cells.onset_ns, t_ns - int(dt_s * 1e9))   # the run's start
-        recent = cells.last_traffic_ns >= since_ns - DEMAND_LOOKBACK_S * 1e9          # [n, 2, P]
+        recent = cells.last_traffic_ns >= since_ns - (DEMAND_LOOKBACK_S + dt_s) * 1e9  # [n, 2, P]
         if lay.has_xmit_wait:                            # NIC: data waited for a paused wire
             recent[:, 0] |= (x[:, 4 * P] > 0)[:, None]    # NaN compares False: the traffic decides
         elif lay.has_occupancy.any():                    # switch: queue occupancy (SONiC)
