@@ -8,8 +8,9 @@ columns (the node collector's ``ethtool_pfc`` group, in its layout), while the f
 snapshot (sysfs, ethtool, NVML) and the switches' (gNMI) come every second, the node's
 half a PFC interval after its PFC tick as the collector phases them. Counters are RAW: monotonic totals in the source's unit
 (``port_xmit_data`` in 4-byte words, pause durations in microseconds, energy in mJ),
-32-bit hw counters wrapping, 16/8-bit IB error counters saturating, labels as sysfs
-prints them. What a NIC transmits its leaf port receives; pause frames a NIC sends its
+32-bit hw counters wrapping, IB PortCounters saturating (16/8-bit error counters and the
+32-bit ``port_xmit_wait``, which ~10 % of the NICs start pinned at 2**32 - 1: a long-uptime
+quirk, `XMIT_WAIT_PINNED_FRACTION`), labels as sysfs prints them. What a NIC transmits its leaf port receives; pause frames a NIC sends its
 leaf port receives; bytes crossing a spine are counted on both ends of each uplink.
 
 Healthy behaviour is deliberately noisy: synchronous data-parallel jobs on ~85 % of the
