@@ -634,3 +634,33 @@ def test_healthy_noisy_cluster_with_incast_does_not_alert(seconds):
     run = simulate(seconds=seconds, n_nodes=8, nodes_per_unit=4, jobs=None, seed=5)
     assert run.max_nic_rx_duty > 0.2                        # incast pauses did happen
     assert run.changes == [] and run.findings == []
+
+
+# ----------------------------------------------------------------------- the worker's path, real collector cadence
+def _pipeline_storms(faults, seconds, **sim_kw):
+    """OPEN pfc_storm entity paths from the worker's batched path (`replay` through the
+    `DetectionPipeline`: screened stacks, grouped rates) at the collectors' real cadence
+    (PFC-only node ticks every 100 ms, full snapshots and switches every second)."""
+    from fabricwatch.collectors.simulator import COLLECTOR_CADENCE
+    from fabricwatch.protos.v1 import events_pb2 as evpb
+    from fabricwatch.streams.pipeline import DetectionPipeline
+    from fabricwatch.streams.replay import replay
+    topo = rail_optimised("sim", n_nodes=16, nodes_per_unit=8, n_spines=2)
+    sim = ClusterSimulator(topo, seed=3, jobs=JOBS, faults=list(faults), rank_steps=False,
+                           cadence=COLLECTOR_CADENCE, **sim_kw)
+    snaps = [s for _ in range(int(round(seconds / COLLECTOR_CADENCE.pfc_interval_s))) for s in sim.tick()]
+    result = replay(snaps, DetectionPipeline(topology=topo), finish=True)
+    return sim, sorted({(e.entity.switch or e.entity.node, e.entity.port if e.entity.switch else e.entity.device)
+                        for e in result.events if e.kind == "pfc_storm" and e.lifecycle == evpb.LIFECYCLE_OPEN})
+
+
+def test_worker_path_at_real_cadence_detects_a_switch_storm_on_a_pinned_victim_and_ignores_idle_nodes():
+    topo = rail_optimised("sim", n_nodes=16, nodes_per_unit=8, n_spines=2)
+    busy, idle = topo.nic(N(1), "mlx5_2/1"), topo.nic(N(7), "mlx5_3/1")
+    faults = [SwitchPfcStorm(busy.switch, busy.switch_port, onset_s=2.0, offset_s=6.0), PinnedCounter(N(1), "mlx5_2/1"),
+              SwitchPfcStorm(idle.switch, idle.switch_port, onset_s=2.0, offset_s=6.0), PinnedCounter(N(7), "mlx5_3/1"),
+              PfcStorm(((N(8), "mlx5_5/1"),), onset_s=2.0, offset_s=6.0)]          # an idle node's NIC pausing
+    for exported in (False, True):
+        sim, opened = _pipeline_storms(faults, 9.0, switch_tx_pause_duration=exported)
+        assert [g.entity for g in sim.ground_truth() if g.expect_alert] == [f"{busy.switch}/{busy.switch_port}"]
+        assert opened == [(busy.switch, busy.switch_port)], exported
