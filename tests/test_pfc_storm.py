@@ -664,3 +664,18 @@ def test_worker_path_at_real_cadence_detects_a_switch_storm_on_a_pinned_victim_a
         sim, opened = _pipeline_storms(faults, 9.0, switch_tx_pause_duration=exported)
         assert [g.entity for g in sim.ground_truth() if g.expect_alert] == [f"{busy.switch}/{busy.switch_port}"]
         assert opened == [(busy.switch, busy.switch_port)], exported
+
+
+def test_checkpoint_written_before_received_traffic_was_tracked_still_loads():
+    import pickle
+
+    from fabricwatch.models.pfc_storm import _NEVER, _Cells
+    cells = _Cells(("mlx5_0/1", "mlx5_1/1"), 1)
+    state = dict(cells.__dict__)
+    del state["last_traffic_ns"]
+    state["last_tx_ns"] = np.array([[5], [_NEVER]], dtype=np.int64)      # the old [entity, priority] layout
+    old = object.__new__(_Cells)
+    old.__dict__.update(state)
+    loaded = pickle.loads(pickle.dumps(old))
+    assert loaded.last_traffic_ns.shape == (2, 2, 1) and not hasattr(loaded, "last_tx_ns")
+    assert loaded.last_traffic_ns[:, 0, 0].tolist() == [5, _NEVER] and (loaded.last_traffic_ns[:, 1] == _NEVER).all()
