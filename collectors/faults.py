@@ -197,7 +197,9 @@ class PfcStorm:
       ``tx_pause_storm_error_events`` +1 at the timeout, and the NIC stops pausing.
     * A storm shorter than ``min_alert_s`` (SONiC's default detection time) is recorded
       with ``expect_alert=False``. A source whose node runs no job has nothing queued for
-      it: occupancy stays 0 and nobody else is paused (the "no traffic" variant).
+      it: occupancy stays 0 and nobody else is paused (the "no traffic" variant); its
+      pauses hold nothing, so it is recorded with ``expect_alert=False`` too (sonic-mgmt
+      ``test_pfcwd_no_traffic``: pause frames with nothing queued are not a storm).
     """
     sources: tuple[tuple[str, str], ...]
     onset_s: float
@@ -443,8 +445,58 @@ class ApplicationXid:
         return [self.onset_s + k * self.period_s for k in range(self.bursts)]
 
 
+@dataclass(frozen=True)
+class SwitchPfcStorm:
+    """A switch port that keeps transmitting PFC pause frames to its peer on priority 3.
+
+    Nothing on its switch is congested (a buffer or PFC misconfiguration, a switch fault):
+    the peer (a NIC, or a spine/leaf port) is held, ``rx_prio3_pause_duration`` (or
+    ``pfc3-rx-pause-duration-us``) rises at ``duty`` and its traffic collapses; the port's
+    own ``pfc3-tx-pkts`` rise, and ``pfc3-tx-pause-duration-us`` where the switch exports
+    it. The source is the switch port, the peer its victim. Recorded with
+    ``expect_alert=False`` when shorter than ``min_alert_s`` or when the peer has nothing
+    to send (no flows: the pauses hold nothing).
+    """
+    switch: str
+    port: str
+    onset_s: float
+    offset_s: float = INF
+    duty: float = 0.999
+    min_alert_s: float = STORM_DETECTION_TIME_S
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.offset_s)
+        if not 0.0 < self.duty <= 1.0:
+            raise ValueError(f"duty must be in (0, 1], got {self.duty!r}")
+
+    @property
+    def kind(self) -> str:
+        return "pfc_storm"
+
+    @property
+    def duration_s(self) -> float:
+        return self.offset_s - self.onset_s
+
+
+@dataclass(frozen=True)
+class PinnedCounter:
+    """A counter quirk, not a fault (no ground truth): a NIC's saturating counter stuck at
+    all-ones from ``onset_s`` until ``offset_s``, when it is cleared (``perfquery -R``: back
+    to 0). A long-uptime port's 32-bit ``port_xmit_wait`` saturates (IBA 1.8 §16.1.3.5 "stop
+    at all ones") and reads 2**32 - 1 until someone clears it."""
+    node: str
+    nic: str
+    counter: str = "port_xmit_wait"
+    onset_s: float = 0.0
+    offset_s: float = INF
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.offset_s)
+
+
 Fault = Union[LinkDowngrade, NicPcieDowngrade, GpuPcieDowngrade, LinkFlap, AdminToggle, PfcStorm,
-              Straggler, GpuXid, EccUncorrectable, NodeReboot, ClockSkew, XidCascade, ApplicationXid]
+              Straggler, GpuXid, EccUncorrectable, NodeReboot, ClockSkew, XidCascade, ApplicationXid,
+              SwitchPfcStorm, PinnedCounter]
 
 
 @dataclass(frozen=True)

@@ -249,6 +249,11 @@ PROFILES: dict[str, dict] = {
             R(f"{_SONIC_PORT}/SAI_PORT_STAT_PFC_{{prio}}_TX_PKTS", "pfc{prio}-tx-pkts"),
             # SAI: "duration in micro seconds converted from quanta" -> already us, raw
             R(f"{_SONIC_PORT}/SAI_PORT_STAT_PFC_{{prio}}_RX_PAUSE_DURATION_US", "pfc{prio}-rx-pause-duration-us"),
+            # saiport.h: "TX pause duration ... converted from quanta in egress pause frame for
+            # that priority (a pause frame sent by the switch)", us: raw. Where the platform
+            # polls it (COUNTERS_DB holds only the stats the port's flex counter group reads)
+            # it says when a port holds its peer; a tick without it says nothing.
+            R(f"{_SONIC_PORT}/SAI_PORT_STAT_PFC_{{prio}}_TX_PAUSE_DURATION_US", "pfc{prio}-tx-pause-duration-us"),
             R(f"{_SONIC_QUEUE}/SAI_QUEUE_STAT_PACKETS", "queue{queue}-transmit-pkts"),
             R(f"{_SONIC_QUEUE}/SAI_QUEUE_STAT_BYTES", "queue{queue}-transmit-octets"),
             R(f"{_SONIC_QUEUE}/SAI_QUEUE_STAT_CURR_OCCUPANCY_BYTES", "queue{queue}-occupancy-bytes", GAUGE, "gauge"),

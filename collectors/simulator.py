@@ -8,8 +8,9 @@ columns (the node collector's ``ethtool_pfc`` group, in its layout), while the f
 snapshot (sysfs, ethtool, NVML) and the switches' (gNMI) come every second, the node's
 half a PFC interval after its PFC tick as the collector phases them. Counters are RAW: monotonic totals in the source's unit
 (``port_xmit_data`` in 4-byte words, pause durations in microseconds, energy in mJ),
-32-bit hw counters wrapping, 16/8-bit IB error counters saturating, labels as sysfs
-prints them. What a NIC transmits its leaf port receives; pause frames a NIC sends its
+32-bit hw counters wrapping, IB PortCounters saturating (16/8-bit error counters and the
+32-bit ``port_xmit_wait``, which ~10 % of the NICs start pinned at 2**32 - 1: a long-uptime
+quirk, `XMIT_WAIT_PINNED_FRACTION`), labels as sysfs prints them. What a NIC transmits its leaf port receives; pause frames a NIC sends its
 leaf port receives; bytes crossing a spine are counted on both ends of each uplink.
 
 Healthy behaviour is deliberately noisy: synchronous data-parallel jobs on ~85 % of the
@@ -55,7 +56,7 @@ from fabricwatch.collectors.faults import (
     Fault, GpuPcieDowngrade, GpuXid, GroundTruth, LinkDowngrade, LinkFlap, NicPcieDowngrade,
     NodeReboot, PfcStorm, Straggler, gpu_path, nic_path, port_path, rank_path,
 )
-from fabricwatch.collectors.faults import ApplicationXid, XidCascade
+from fabricwatch.collectors.faults import ApplicationXid, PinnedCounter, SwitchPfcStorm, XidCascade
 from fabricwatch.counters import GPU_GAUGES, NIC_GAUGES, SWITCH_GAUGES, Overflow, spec_for
 from fabricwatch.models.linkrate import parse_ib_rate
 from fabricwatch.models.topology import Topology, rail_optimised
@@ -87,6 +88,10 @@ SWITCH_COUNTERS = (
     "queue3-transmit-pkts", "queue3-transmit-octets",
 )
 SWITCH_PORT_GAUGES = tuple(SWITCH_GAUGES) + ("queue3-occupancy-bytes",)
+# SAI_PORT_STAT_PFC_3_TX_PAUSE_DURATION_US: SONiC exports it, EOS and Cumulus do not; the
+# simulator counts it always and exports it with ``switch_tx_pause_duration=True``.
+SWITCH_TX_PAUSE_DURATION = "pfc3-tx-pause-duration-us"
+_SWITCH_ALL = SWITCH_COUNTERS + (SWITCH_TX_PAUSE_DURATION,)
 
 # The node collector's fast (PFC) group of ethtool -S, as `collectors.ethtool_stats.FAST_PATTERNS`
 # keeps it, in NIC_COUNTERS order; the 1 s tick carries the other NIC counters.
@@ -98,7 +103,7 @@ NIC_PFC_GAUGES = ("netdev_speed_mbps",)
 
 _NC = {n: i for i, n in enumerate(NIC_COUNTERS)}
 _GC = {n: i for i, n in enumerate(GPU_COUNTERS)}
-_SC = {n: i for i, n in enumerate(SWITCH_COUNTERS)}
+_SC = {n: i for i, n in enumerate(_SWITCH_ALL)}
 
 # Physical constants of the model (documented guesses where no source gives a number).
 WIRE_PKT_BYTES = 4158.0        # 4096 B RoCEv2 payload + Eth/IP/UDP/BTH/ICRC/FCS headers
@@ -108,6 +113,9 @@ PAUSE_QUANTA = 65535           # XOFF frames carry the max quanta; refreshed at 
 XMIT_WAIT_TICKS_PER_US = 8.0   # port_xmit_wait tick: implementation-defined [U]
 CTRL_BYTES_PER_S = 300.0       # LLDP/ARP on the backend fabric (not RDMA, not prio 3)
 XON_FRAMES_PER_S = 20_000.0    # rate of a XON-only flood
+# Counter quirk: NIC ports whose 32-bit port_xmit_wait has saturated over a long uptime and
+# was never cleared (IBA PortCounters stop at all ones); drawn from a separate stream.
+XMIT_WAIT_PINNED_FRACTION = 0.1
 GPU_TDP_W = 700.0
 GPU_IDLE_W = 70.0
 GPU_MAX_CLOCK_MHZ = 1980.0
@@ -363,11 +371,14 @@ class ClusterSimulator:
     rank_steps : emit `RankStep` messages (off for pure fabric benchmarks).
     cadence : sample as the real collectors do (`Cadence`; ``interval_s`` is then its PFC
         interval): PFC-only node ticks between full ones. None: every block every tick.
+    switch_tx_pause_duration : the switches export ``pfc3-tx-pause-duration-us`` (SONiC's
+        SAI ``PFC_3_TX_PAUSE_DURATION_US``); off: only frame counts, as EOS and Cumulus.
     """
 
     def __init__(self, topology: Topology, *, seed: int = 0, start_unix_ns: int = DEFAULT_START_UNIX_NS,
                  jobs: list[Job] | None = None, faults=(), interval_s: float = 1.0,
-                 rank_steps: bool = True, cadence: Cadence | None = None) -> None:
+                 rank_steps: bool = True, cadence: Cadence | None = None,
+                 switch_tx_pause_duration: bool = False) -> None:
         if cadence is not None:
             interval_s = cadence.pfc_interval_s
         self.cadence = cadence
@@ -378,6 +389,7 @@ class ClusterSimulator:
         self.start_unix_ns = int(start_unix_ns)
         self.interval_s = float(interval_s)
         self.rank_steps = rank_steps
+        self.switch_tx_pause_duration = switch_tx_pause_duration
         self.jobs = list(jobs) if jobs is not None else auto_jobs(topology, seed)
         self._rng = np.random.default_rng([seed, 0x5EED])
         self._t = 0.0
@@ -412,6 +424,7 @@ class ClusterSimulator:
         self._apply_reboots(fs, t0, t1)
         job_acc, steps = self._advance_jobs(fs, t0, t1)
         self._simulate_fabric(fs, job_acc, t0, t1)
+        self._apply_pins(t0, t1)
         self._simulate_gpus(fs, job_acc, t0, t1)
         self._t = t1
         return self._snapshots(fs, steps, t1)
@@ -645,6 +658,13 @@ class ClusterSimulator:
             elif isinstance(f, PfcStorm):
                 for node, nic in f.sources:
                     self._nic_index(node, nic, "PfcStorm")
+            elif isinstance(f, SwitchPfcStorm):
+                if (f.switch, f.port) not in self._sp_key:
+                    raise ValueError(f"SwitchPfcStorm: unknown switch port {f.switch}:{f.port}")
+            elif isinstance(f, PinnedCounter):
+                self._nic_index(f.node, f.nic, "PinnedCounter")
+                if f.counter not in _NC or spec_for(f.counter).overflow is not Overflow.SATURATE:
+                    raise ValueError(f"PinnedCounter: {f.counter!r} is not a saturating NIC counter")
             elif isinstance(f, Straggler):
                 g = self._gpu_index(f.node, f.gpu, "Straggler")
                 if self._node_job[g // self.G] < 0:
@@ -783,6 +803,15 @@ class ClusterSimulator:
                         fs.down_phys[q] = "2: Polling"
             elif isinstance(f, PfcStorm):
                 self._resolve_storm(f, fs, t0, t1, dt, rng)
+            elif isinstance(f, SwitchPfcStorm):
+                if frac > 0:
+                    sp = self._sp_key[(f.switch, f.port)]
+                    duty = frac * f.duty * rng.uniform(0.998, 1.0)
+                    q, peer = self._sp_peer_nic[sp], self._sp_peer_sp[sp]
+                    if q >= 0:
+                        fs.rx_duty[q] = max(fs.rx_duty[q], duty)
+                    elif peer >= 0:
+                        fs.sw_duty[peer] = max(fs.sw_duty[peer], duty)
             elif isinstance(f, Straggler):
                 g = self._node_idx[f.node] * G + f.gpu
                 if frac > 0 or on_now:
@@ -917,6 +946,16 @@ class ClusterSimulator:
             if on_now:
                 fs.sw_occ[sp] = max(fs.sw_occ[sp], rng.uniform(2e5, 1e6))
 
+    def _apply_pins(self, t0: float, t1: float) -> None:
+        """`PinnedCounter`: stuck at all-ones while on, cleared to 0 at its offset."""
+        for f in self.faults:
+            if isinstance(f, PinnedCounter) and f.onset_s < t1:
+                p, c = self._p_key[(f.node, f.nic)], _NC[f.counter]
+                if t1 < f.offset_s:
+                    self._nic.values[p, c] = np.uint64((1 << spec_for(f.counter).width_bits) - 1)
+                elif t0 <= f.offset_s:
+                    self._nic.values[p, c] = 0
+
     def _apply_reboots(self, fs: _FaultState, t0: float, t1: float) -> None:
         """At the moment a node reboots its totals restart from 0 (the switch keeps counting)."""
         for f in self.faults:
@@ -946,6 +985,8 @@ class ClusterSimulator:
         v[:, c["port_xmit_packets"]] = v[:, c["port_xmit_data"]] * 4 / 3900
         v[:, c["port_rcv_packets"]] = words * 4 / 3900
         v[:, c["port_xmit_wait"]] = rng.uniform(0, 2 ** 32, P)
+        pinned = np.random.default_rng([self.seed, 0x9A7]).random(P) < XMIT_WAIT_PINNED_FRACTION
+        v[pinned, c["port_xmit_wait"]] = 2 ** 32 - 1
         v[:, c["symbol_error"]] = np.where(self._p_marginal, rng.integers(0, 3000, P), 0)
         v[:, c["symbol_error"]] = np.where(rng.random(P) < 0.003, 65535, v[:, c["symbol_error"]])
         v[:, c["port_rcv_errors"]] = np.where(self._p_marginal, rng.integers(0, 50, P), 0)
@@ -989,9 +1030,9 @@ class ClusterSimulator:
         self._gpu_gauges = np.full((NG, len(GPU_GAUGES)), np.nan)
         self._gpu_prev_lost = np.zeros(NG, bool)
         # switch ports
-        self._sw = _Counters(SWITCH_COUNTERS, SP)
+        self._sw = _Counters(_SWITCH_ALL, SP)
         sw_up = rng.uniform(30, 400, len(self._switches))[self._sp_switch] * 86400.0
-        sv = np.zeros((SP, len(SWITCH_COUNTERS)))
+        sv = np.zeros((SP, len(_SWITCH_ALL)))
         octets = sw_up * rng.uniform(0.1, 0.35, SP) * self._sp_nominal_gbps * 1e9 / 8
         sv[:, _SC["in-octets"]] = octets
         sv[:, _SC["out-octets"]] = octets * rng.uniform(0.97, 1.03, SP)
@@ -1004,6 +1045,7 @@ class ClusterSimulator:
         sv[:, _SC["pfc3-rx-pause-duration-us"]] = sw_up * 1e6 * rng.uniform(1e-5, 5e-4, SP)
         sv[:, _SC["pfc3-rx-pkts"]] = sv[:, _SC["pfc3-rx-pause-duration-us"]] / 12
         sv[:, _SC["pfc3-tx-pkts"]] = sw_up * 1e6 * rng.uniform(1e-3, 8e-3, SP) / 12
+        sv[:, _SC[SWITCH_TX_PAUSE_DURATION]] = sv[:, _SC["pfc3-tx-pkts"]] * 12
         sv[:, _SC["queue3-transmit-octets"]] = sv[:, _SC["out-octets"]] * 0.999
         sv[:, _SC["queue3-transmit-pkts"]] = sv[:, _SC["out-pkts"]] * 0.999
         self._sw.values[:] = sv.astype(np.uint64)
@@ -1271,7 +1313,7 @@ class ClusterSimulator:
         g[:, 4] = 5.0
         self._fs_labels = (fs.rate_now, fs.down_now, fs.down_phys)
         # --- switch ports
-        sinc = np.zeros((SP, len(SWITCH_COUNTERS)))
+        sinc = np.zeros((SP, len(_SWITCH_ALL)))
         sc = _SC
         dl = self._sp_peer_nic >= 0
         q = self._sp_peer_nic[dl]
@@ -1288,6 +1330,8 @@ class ClusterSimulator:
         sp_rx_us = np.zeros(SP)
         sp_rx_frames = np.zeros(SP)
         sp_tx_frames = np.zeros(SP)
+        sp_tx_us = np.zeros(SP)                 # pauses a switch port sends = its peer receives
+        sp_tx_us[dl] = rx_us[q]
         sp_rx_us[dl] = tx_us[q]
         sp_rx_frames[dl] = tx_frames[q]
         sp_tx_frames[dl] = rx_frames[q]
@@ -1300,6 +1344,7 @@ class ClusterSimulator:
             sp_rx_us[li] = us_
             sp_rx_frames[li] = fr
             sp_tx_frames[self._sp_peer_sp[li]] = fr
+            sp_tx_us[self._sp_peer_sp[li]] = us_
         sinc[:, sc["in-octets"]] = sw_in
         sinc[:, sc["out-octets"]] = sw_out
         sinc[:, sc["in-pkts"]] = sw_in_p
@@ -1312,6 +1357,7 @@ class ClusterSimulator:
         sinc[:, sc["pfc3-rx-pkts"]] = sp_rx_frames
         sinc[:, sc["pfc3-tx-pkts"]] = sp_tx_frames
         sinc[:, sc["pfc3-rx-pause-duration-us"]] = sp_rx_us
+        sinc[:, sc[SWITCH_TX_PAUSE_DURATION]] = sp_tx_us
         sinc[:, sc["queue3-transmit-pkts"]] = rdma_out_p
         sinc[:, sc["queue3-transmit-octets"]] = rdma_out
         self._sw.add(sinc)
@@ -1485,9 +1531,10 @@ class ClusterSimulator:
             rows = self._switch_ports[s]
             snap = pb.Snapshot(cluster=self._cluster, source=self._switches[s], source_kind=pb.SOURCE_KIND_SWITCH,
                                time_unix_ns=sw_ts[s], seq=seq[s])
+            names = _SWITCH_ALL if self.switch_tx_pause_duration else SWITCH_COUNTERS
             snap.blocks.add(entity_kind=pb.ENTITY_KIND_SWITCH_PORT, entity_ids=self._sw_ids[s],
-                            counter_names=SWITCH_COUNTERS, gauge_names=SWITCH_PORT_GAUGES,
-                            counters=self._sw.values[rows].ravel().tolist(),
+                            counter_names=names, gauge_names=SWITCH_PORT_GAUGES,
+                            counters=self._sw.values[rows][:, :len(names)].ravel().tolist(),
                             gauges=self._sw_gauges[rows].ravel().tolist())
             out.append(snap)
         return out
@@ -1564,9 +1611,25 @@ class ClusterSimulator:
                         f.kind, nic_path(node, nic), self._ns(f.onset_s), self._ns(f.effective_offset_s),
                         victims=victims,
                         related=(port_path(self._switches[self._p_switch[p]], self._sp_name[self._p_sp[p]]),),
-                        expect_alert=(not f.xon_only) and f.duration_s >= f.min_alert_s,
+                        # nothing queued for an idle source: its pauses hold nothing, not a storm
+                        # (sonic-mgmt test_pfcwd_no_traffic)
+                        expect_alert=(not f.xon_only) and f.duration_s >= f.min_alert_s and plan["fed"][p],
                         detail={"priority": 3, "traffic_to_source": plan["fed"][p], "sources": len(f.sources),
                                 "stuck_host": f.stuck_host, "nic_watchdog_ms": f.nic_watchdog_ms, **detail}))
+            elif isinstance(f, SwitchPfcStorm):
+                sp = self._sp_key[(f.switch, f.port)]
+                q, peer = int(self._sp_peer_nic[sp]), int(self._sp_peer_sp[sp])
+                if q >= 0:
+                    victim, busy = nic_path(self._nodes[self._p_node[q]], self._p_eid[q]), bool(self._p_has_flow[q])
+                else:
+                    victim = port_path(self._switches[self._sp_switch[peer]], self._sp_name[peer])
+                    busy = bool(np.any((self._f_up_src == peer) | (self._f_up_dst == peer)))
+                out.append(GroundTruth(
+                    f.kind, port_path(f.switch, f.port), self._ns(f.onset_s), self._ns(f.offset_s), victims=(victim,),
+                    # the peer has data to send, or the pauses hold nothing (test_pfcwd_no_traffic)
+                    expect_alert=f.duration_s >= f.min_alert_s and busy,
+                    detail={"priority": 3, "switch_source": True, "traffic_from_peer": busy,
+                            "tx_pause_duration_exported": self.switch_tx_pause_duration}))
             elif isinstance(f, Straggler):
                 n = self._node_idx[f.node]
                 jr = self._jobs[self._node_job[n]]

@@ -6,10 +6,30 @@ a rate. It imports nothing from the project, so every layer may use it.
 
 Three ways a raw total misbehaves, and what each `CounterSpec` says about it:
 
-* **wrap**: a W-bit counter restarts at 0 after 2**W - 1 (mlx5 q-counters are 32-bit).
-* **saturate**: IB PMA error counters stop at all-ones instead of wrapping
-  (IBA 1.8 §16.1.3.5); an 8-bit `link_downed` of 255 means ">= 255".
-* **reset**: any counter restarts from 0 when the node or driver reboots.
+* **wrap**: a W-bit counter restarts at 0 after 2**W - 1 (mlx5 q-counters are 32-bit in
+  hardware, read with ``be32_to_cpu``: ``out_of_sequence``, ``packet_seq_err`` and the other
+  sequence-error counters wrap). 64-bit totals never wrap in a cluster's life.
+* **saturate**: the IB PMA **PortCounters** attribute "shall stop at all ones" instead of
+  overflowing (IBA 1.8 §16.1.3.5): the 32-bit ``PortXmitWait``, the 16-bit
+  ``SymbolErrorCounter``/``PortRcvErrors``/``PortXmitDiscards``..., the 8-bit
+  ``LinkDownedCounter``/``LinkErrorRecoveryCounter`` and the 4-bit integrity/overrun
+  counters. Pinned at all-ones the value means ">= that": its rate is *unknown* (NaN in
+  `models.rates`), never zero, until the counter is cleared (``perfquery -R``) or reset.
+  Data and packet counters come from **PortCountersExtended** (64-bit): mlx5 always
+  advertises ``IB_PMA_CLASS_CAP_EXT_WIDTH`` (linux ``hw/mlx5/mad.c``, ``core/sysfs.c
+  get_counter_table``), so on mlx5 they never saturate.
+* **reset**: every counter restarts from 0 when its device restarts (node reboot, driver
+  reload, switch reboot or ``sonic-clear counters``); a decrease that is no plausible wrap
+  is a reset: no rate for that interval.
+
+Sources per group: ``Documentation/ABI/stable/sysfs-class-infiniband`` (``counters/``: PMA
+PortCounters, ``hw_counters/``: driver counters, ``%llu``), linux
+``drivers/infiniband/hw/mlx5/counters.c`` (q-counters 32-bit, congestion counters 64-bit),
+``Documentation/networking/device_drivers/ethernet/mellanox/mlx5/counters.rst`` (``ethtool
+-S``: 64-bit software totals; ``*_pause_duration`` in microseconds), SAI ``saiport.h``
+(``SAI_PORT_STAT_*``: uint64; ``PFC_x_RX/TX_PAUSE_DURATION_US`` "duration in micro seconds
+converted from quanta" of the pause frames received / sent by the switch), OpenConfig
+``counter64`` leaves, NVML (64-bit totals). docs/schema.md has the table.
 """
 from __future__ import annotations
 
@@ -40,22 +60,30 @@ W, S = Overflow.WRAP, Overflow.SATURATE
 PFC_PRIORITIES = range(8)
 
 # IB PMA counters in /sys/class/infiniband/<dev>/ports/<n>/counters (widths as on mlx5,
-# which always answers with PortCountersExtended for data and packets).
+# which always answers with PortCountersExtended for data and packets). PortCounters
+# saturate (IBA 1.8 §16.1.3.5 "stop at all ones"), PortXmitWait included: 32-bit, and at
+# ~8 ticks/us of waiting a busy port pins it within hours.
 _SYSFS = [
     _spec("port_xmit_data", 64, W, "4-byte words", 4.0, "bytes/s"),
     _spec("port_rcv_data", 64, W, "4-byte words", 4.0, "bytes/s"),
     _spec("port_xmit_packets", 64, W, "packets"),
     _spec("port_rcv_packets", 64, W, "packets"),
-    _spec("port_xmit_wait", 32, W, "ticks"),
+    _spec("port_xmit_wait", 32, S, "ticks"),
     _spec("symbol_error", 16, S, "errors"),
     _spec("port_rcv_errors", 16, S, "errors"),
     _spec("port_xmit_discards", 16, S, "packets"),
+    _spec("port_rcv_remote_physical_errors", 16, S, "errors"),
+    _spec("port_rcv_switch_relay_errors", 16, S, "errors"),
+    _spec("VL15_dropped", 16, S, "packets"),
+    _spec("port_xmit_constraint_errors", 8, S, "packets"),
+    _spec("port_rcv_constraint_errors", 8, S, "packets"),
     _spec("link_error_recovery", 8, S, "events"),
     _spec("link_downed", 8, S, "events"),
     _spec("local_link_integrity_errors", 4, S, "errors"),
     _spec("excessive_buffer_overrun_errors", 4, S, "errors"),
 ]
-# mlx5 hw_counters: q-counters are 32-bit in hardware; congestion counters 64-bit.
+# mlx5 hw_counters (counters.c): q-counters are 32-bit in hardware and wrap (the driver
+# reads them with be32_to_cpu and prints %llu); congestion counters are 64-bit.
 _HW = [
     _spec("out_of_buffer", 32, W, "packets"),
     _spec("out_of_sequence", 32, W, "packets"),
@@ -65,7 +93,7 @@ _HW = [
     _spec("np_ecn_marked_roce_packets", 64, W, "packets"),
     _spec("rp_cnp_handled", 64, W, "packets"),
 ]
-# `ethtool -S` on mlx5 (64-bit software totals).
+# `ethtool -S` on mlx5 (counters.rst: 64-bit software totals accumulated by the driver).
 _ETHTOOL = [
     _spec("tx_pause_storm_warning_events", 64, W, "events"),
     _spec("tx_pause_storm_error_events", 64, W, "events"),
@@ -90,7 +118,8 @@ for _p in PFC_PRIORITIES:
         _spec(f"rx_prio{_p}_packets", 64, W, "packets"),
         _spec(f"tx_prio{_p}_packets", 64, W, "packets"),
     ]
-# Switch ports, normalised by the switch collector from OpenConfig and vendor PFC paths.
+# Switch ports, normalised by the switch collector from OpenConfig (counter64) and vendor
+# PFC paths (SAI port stats are uint64).
 _SWITCH = [
     _spec("in-octets", 64, W, "bytes"),
     _spec("out-octets", 64, W, "bytes"),
@@ -107,6 +136,8 @@ for _p in PFC_PRIORITIES:
         _spec(f"pfc{_p}-rx-pkts", 64, W, "frames"),
         _spec(f"pfc{_p}-tx-pkts", 64, W, "frames"),
         _spec(f"pfc{_p}-rx-pause-duration-us", 64, W, "us", 1e-6, "s/s"),
+        # SAI_PORT_STAT_PFC_x_TX_PAUSE_DURATION_US: pauses the switch *sends* (SONiC)
+        _spec(f"pfc{_p}-tx-pause-duration-us", 64, W, "us", 1e-6, "s/s"),
         _spec(f"queue{_p}-transmit-pkts", 64, W, "packets"),
         _spec(f"queue{_p}-transmit-octets", 64, W, "bytes"),
     ]

@@ -14,23 +14,31 @@ Every lossless priority that has a pause-duration column is watched. Emits
 `PauseStateChange` records, only on a confirmed onset and on a restoration: it detects,
 it never acts (the storm's source is named by `storm_locator.StormLocator`).
 
-Rules, per (port, priority), each a single condition over one sampling interval:
+Rules, per (port, priority), each a single condition over one sampling interval, and
+each needs something to be stuck behind the pause (SONiC sonic-mgmt ``test_pfcwd_no_traffic``:
+pause frames with nothing queued are not a storm):
 
 * **paused** (the port's egress on p is held; SONiC's Mellanox rule, PR sonic-swss#3036):
   received-pause duty >= ``paused_duty_min`` **and** it transmits on p at most
   ``1 - paused_duty_min`` of line rate (a port paused d of the time can carry no more,
   so more means the counters disagree) **and** it has something to send: a switch queue
-  with ``queue<p>-occupancy-bytes > 0``; a NIC whose ``port_xmit_wait`` rose ("ticks with
-  data to send but nothing sent"; port-wide, not per priority). Without ``port_xmit_wait``
-  (or an occupancy gauge) the evidence of queued traffic is traffic on p within the last
-  ``DEMAND_LOOKBACK_S``. A paused queue with nothing to send is not a storm.
-* **pausing** (NIC only: the port keeps its peer silent): transmitted-pause duty >=
+  with ``queue<p>-occupancy-bytes > 0`` (where the gauge was read: an empty queue is not
+  held); a NIC whose ``port_xmit_wait`` rose ("ticks with data to send but nothing sent";
+  port-wide, not per priority) **or** that sent on p within the last ``DEMAND_LOOKBACK_S``.
+  ``port_xmit_wait`` is a saturating 32-bit PortCounter: pinned at all-ones its rate is
+  NaN (unknown), never zero, and the traffic decides; so it does without the column or
+  the gauge.
+* **pausing** (the port keeps its peer silent): transmitted-pause duty >=
   ``pausing_duty_min`` **and** it receives on p at most ``1 - pausing_duty_min`` of line
-  rate. A NIC that pauses continuously while receiving ~nothing is the classic stuck-host
-  storm source. A switch exports no duration for the pauses it *sends* (only frame
-  counts, which healthy XOFF/XON episodes inflate more than a steady XOFF refreshed at
-  half-quanta does), so a switch port's pausing is read from its peer being *paused*,
-  by the locator.
+  rate **and** it received on p within the last ``DEMAND_LOOKBACK_S`` (the peer had data
+  for it). A NIC that pauses continuously while receiving ~nothing is the classic
+  stuck-host storm source; one on an idle node, with nothing sent to it, holds nothing.
+  A switch port is *pausing* from SAI ``PFC_x_TX_PAUSE_DURATION_US``
+  (``pfc<p>-tx-pause-duration-us``, SONiC) and its port-wide ``in-octets`` (a switch counts
+  ingress per port, which bounds p's); switches that export no transmit duration (EOS,
+  Cumulus: frame counts only, which healthy XOFF/XON episodes inflate more than a steady
+  XOFF refreshed at half-quanta does) leave it to the locator, which reads a switch port's
+  pausing from its peer being *paused*. A tick without the column says nothing about it.
 
 Timers (SONiC pfcwd, with the real-elapsed-time charging of PR sonic-swss#4881): each
 agreeing sample charges the detection countdown with the real elapsed time since the
@@ -55,17 +63,20 @@ that has stopped draining pauses its peer 95 % of two consecutive intervals.
 >>> from fabricwatch.models.rates import RateTracker
 >>> names = ("rx_prio3_pause_duration", "tx_prio3_pause_duration", "rx_prio3_bytes", "tx_prio3_bytes")
 >>> tracker, wd = RateTracker(), PfcWatchdog()
->>> def tick(k, tx_pause_us):                  # one NIC port, sampled every 100 ms
-...     f = EntityFrame("nic_port", ("mlx5_2/1",), names, np.array([[0, tx_pause_us, 0, 0]], np.uint64),
+>>> def tick(k, tx_pause_us, rx_bytes):        # one NIC port, sampled every 100 ms
+...     f = EntityFrame("nic_port", ("mlx5_2/1",), names, np.array([[0, tx_pause_us, rx_bytes, 0]], np.uint64),
 ...                     (), np.empty((1, 0)), [{}])
 ...     tracker.update("node-0003", f, k * 100_000_000)
 ...     return wd.update(SourceView("c1", "node-0003", "node", k * 100_000_000, k, [f]))
->>> tick(0, 0), tick(1, 99_900)               # the first agreeing sample only charges 100 ms
+>>> tick(0, 0, 0), tick(1, 99_900, 10**8)     # 1 GB/s came in while it paused: 100 ms charged
 ([], [])
->>> [(c.entity.path(), c.priority, c.role, c.active, c.onset_ns) for c in tick(2, 199_800)]
+>>> [(c.entity.path(), c.priority, c.role, c.active, c.onset_ns) for c in tick(2, 199_800, 10**8)]
 [('c1/node-0003/mlx5_2/1', 3, 'pausing', True, 0)]
->>> [(c.role, c.active, c.at_ns) for k in range(3, 8) for c in tick(k, 199_800)]   # quiet 400 ms
+>>> [(c.role, c.active, c.at_ns) for k in range(3, 8) for c in tick(k, 199_800, 10**8)]   # quiet 400 ms
 [('pausing', False, 600000000)]
+>>> wd, tracker = PfcWatchdog(), RateTracker()          # the same pauses with nothing sent to it
+>>> [c for k in range(6) for c in tick(k, k * 99_900, 0)]
+[]
 """
 from __future__ import annotations
 
@@ -95,8 +106,18 @@ PAUSING_DUTY_MIN = 0.95
 MIN_AGREEING_SAMPLES = 2
 # A countdown within this fraction of its length has run out (timestamp jitter).
 TIMER_TOLERANCE_FRACTION = 0.01
-# Without port_xmit_wait / occupancy: traffic on p this recently means something is queued.
+# Something is stuck behind a pause when traffic flowed on p this recently (sent, for the
+# paused role where neither a rising port_xmit_wait nor a queue occupancy gauge says so;
+# received, for the pausing role): a storm stops the traffic it holds, so the evidence is
+# the traffic just before the onset. SONiC test_pfcwd_no_traffic: pauses with nothing
+# queued are not a storm.
+# "Recently" is counted back from the start of the agreeing run (the interval being judged,
+# or the first of the run), plus one sampling interval (the interval before the run holds
+# the onset, and timestamps jitter), so a long sampling interval or a gap does not age it out.
 DEMAND_LOOKBACK_S = 1.0
+# Traffic that counts as demand: 100 kB/s, ~3 orders above control-plane chatter (LLDP, ARP:
+# a few hundred B/s) and ~5 below one busy RDMA flow; an idle port sends nothing on p.
+DEMAND_MIN_BYTES_PER_S = 1e5
 # Line rate assumed when a port exports no speed gauge, or it reads NaN (not read) or <= 0.
 DEFAULT_LINE_RATE_GBPS = 400.0
 # Bytes per packet when only packet counters exist: a jumbo frame, so traffic is
@@ -141,7 +162,8 @@ class _Layout:
 
     Gathered row layout: [rx duty (P), tx duty (P), tx traffic (P), rx traffic (P), xmit_wait].
     A missing duty column reads NaN (no evidence); a missing traffic column reads 0 (the
-    traffic check is skipped: the duty already bounds it physically).
+    traffic check is skipped: the duty already bounds it physically; and it is never
+    evidence of demand).
     """
 
     prios: tuple[int, ...]
@@ -158,8 +180,8 @@ class _Layout:
     oper_up: int | None
     storm_events: tuple[int | None, int | None]
 
-    needs_recent_tx: bool      # no port_xmit_wait and some priority without an occupancy gauge
     scale_is_one: bool         # all traffic in bytes (no packet-count fallback)
+    demand_raw: np.ndarray     # [2P] DEMAND_MIN_BYTES_PER_S in each traffic column's raw rate unit
 
 
 def _layout(kind: str, counters: tuple[str, ...], gauges: tuple[str, ...]) -> _Layout | None:
@@ -175,10 +197,12 @@ def _layout(kind: str, counters: tuple[str, ...], gauges: tuple[str, ...]) -> _L
         events = (col.get("tx_pause_storm_warning_events"), col.get("tx_pause_storm_error_events"))
         occ_names = [""] * len(prios)
     elif kind == SWITCH_PORT:
-        prios = tuple(p for p in PFC_PRIORITIES if f"pfc{p}-rx-pause-duration-us" in col)
-        duty = [f"pfc{p}-rx-pause-duration-us" for p in prios] + [""] * len(prios)
+        prios = tuple(p for p in PFC_PRIORITIES
+                      if f"pfc{p}-rx-pause-duration-us" in col or f"pfc{p}-tx-pause-duration-us" in col)
+        duty = [f"pfc{p}-{d}-pause-duration-us" for d in ("rx", "tx") for p in prios]
+        # a switch counts ingress per port, not per priority: the port's total bounds p's
         traffic = ([(f"queue{p}-transmit-octets", f"queue{p}-transmit-pkts") for p in prios]
-                   + [("", "")] * len(prios))
+                   + [("in-octets", "in-pkts")] * len(prios))
         wait = ""
         speed, to_bytes, oper_up = gcol.get("port_speed_gbps"), 1e9 / 8, gcol.get("oper_up")
         events = (None, None)
@@ -202,13 +226,25 @@ def _layout(kind: str, counters: tuple[str, ...], gauges: tuple[str, ...]) -> _L
     gather.append(col.get(wait, 0))
     P = len(prios)
     has_occupancy = np.array([n in gcol for n in occ_names], dtype=bool)
+    demand_raw = DEMAND_MIN_BYTES_PER_S / np.array(scale)
+    demand_raw[np.array(zero_pos, dtype=np.intp) - 2 * P] = np.inf      # a missing column is never demand
     return _Layout(
-        needs_recent_tx=wait not in col and not bool(has_occupancy.all()), scale_is_one=set(scale) == {1.0},
+        scale_is_one=set(scale) == {1.0}, demand_raw=demand_raw,
         prios=prios, gather=np.array(gather, dtype=np.intp), nan_pos=np.array(nan_pos, dtype=np.intp),
         zero_pos=np.array(zero_pos, dtype=np.intp), scale=np.array(scale).reshape(2, P),
         has_xmit_wait=wait in col, occupancy=np.array([gcol.get(n, 0) for n in occ_names], dtype=np.intp),
         has_occupancy=has_occupancy, speed=speed, speed_to_bytes=to_bytes,
         default_speed=DEFAULT_LINE_RATE_GBPS * 1e9 / 8 / to_bytes, oper_up=oper_up, storm_events=events)
+
+
+def _last_traffic(rates: np.ndarray, lay: _Layout, times_ns: np.ndarray) -> np.ndarray:
+    """[t, n, 2P] the sample time where each port carried traffic on p (tx, then rx), else _NEVER.
+
+    Traffic below `DEMAND_MIN_BYTES_PER_S` (control-plane chatter) and NaN (no rate) do not count.
+    """
+    P = len(lay.prios)
+    traffic = rates[:, :, lay.gather[2 * P:4 * P]]
+    return np.where(traffic >= lay.demand_raw, times_ns[:, None, None], _NEVER)      # NaN compares False
 
 
 class _Cells:
@@ -218,7 +254,7 @@ class _Cells:
     condition has held (detection), while active the quiet time (restoration).
     """
 
-    _ARRAYS = ("elapsed_ns", "count", "active", "onset_ns", "last_tx_ns")
+    _ARRAYS = ("elapsed_ns", "count", "active", "onset_ns", "last_traffic_ns")
 
     def __init__(self, ids: tuple[str, ...], n_prios: int) -> None:
         shape = (len(ids), len(_ROLES), n_prios)
@@ -227,9 +263,22 @@ class _Cells:
         self.count = np.zeros(shape, dtype=np.int32)        # agreeing samples so far
         self.active = np.zeros(shape, dtype=bool)
         self.onset_ns = np.zeros(shape, dtype=np.int64)
-        self.last_tx_ns = np.full((len(ids), n_prios), _NEVER, dtype=np.int64)
+        # when each port last carried traffic on each priority: [:, 0] sent, [:, 1] received
+        self.last_traffic_ns = np.full((len(ids), 2, n_prios), _NEVER, dtype=np.int64)
         self.counting = False                               # some timer is running
         self.n_active = 0
+
+    def __setstate__(self, state: dict) -> None:
+        # checkpoints written before received traffic was tracked: sent only
+        old = state.pop("last_tx_ns", None)
+        if old is not None and "last_traffic_ns" not in state:
+            state["last_traffic_ns"] = np.stack([old, np.full_like(old, _NEVER)], axis=1)
+        self.__dict__.update(state)
+
+    def stamp(self, last: np.ndarray) -> None:
+        """Merge [n, 2P] sample times of traffic (`_last_traffic`, reduced over ticks)."""
+        n, _, P = self.last_traffic_ns.shape
+        self.last_traffic_ns = np.maximum(self.last_traffic_ns, last.reshape(n, 2, P))
 
     def remap(self, ids: tuple[str, ...]) -> _Cells:
         """The same state for a new entity list (rows of vanished entities are dropped)."""
@@ -301,7 +350,7 @@ class PfcWatchdog:
 
     def screen(self, group: LayoutGroup) -> None:
         """For each stack of a layout group: is any port near a pause (and when did each port
-        last send on each priority)? `update_batch` then skips the quiet stacks at once."""
+        last sent or received on each priority)? `update_batch` then skips the quiet stacks at once."""
         kind, _, counter_names, gauge_names = group.key
         layout = self._layout_of(kind, counter_names, gauge_names)
         if layout is None or group.rates is None:
@@ -313,15 +362,9 @@ class PfcWatchdog:
         rows = len(group.times_ns)
         still = (duty.reshape(rows, -1, 2, P) >= self._duty_min).reshape(rows, -1).any(axis=1)
         still_any = group.segment_any(still)
-        last_sent = None
-        if layout.needs_recent_tx:
-            tx = group.rates[:, :, layout.gather[2 * P:3 * P]]
-            if layout.zero_pos.size:
-                tx[:, :, layout.zero_pos[(layout.zero_pos >= 2 * P) & (layout.zero_pos < 3 * P)] - 2 * P] = 0.0
-            stamped = np.where(tx > 0, group.times_ns[:, None, None], _NEVER)        # NaN compares False
-            last_sent = np.maximum.reduceat(stamped, group.starts, axis=0)
+        last = np.maximum.reduceat(_last_traffic(group.rates, layout, group.times_ns), group.starts, axis=0)
         for i, stack in enumerate(group.stacks):
-            stack.screens["pfc"] = (bool(still_any[i]), None if last_sent is None else last_sent[i])
+            stack.screens["pfc"] = (bool(still_any[i]), last[i])
 
     def update_batch(self, batch: SourceBatch) -> list[PauseStateChange]:
         """Onsets and restorations confirmed by the ticks of one record, in event-time order.
@@ -389,11 +432,10 @@ class PfcWatchdog:
             return False
         screened = stack.screens.get("pfc")
         if screened is not None:
-            still, last_sent = screened
+            still, last = screened
             if still:
                 return False
-            if last_sent is not None:
-                cells.last_tx_ns = np.where(last_sent > _NEVER, last_sent, cells.last_tx_ns)
+            cells.stamp(last)
             return True
         P = len(lay.prios)
         duty = stack.rates[:, :, lay.gather[:2 * P]]
@@ -401,14 +443,7 @@ class PfcWatchdog:
             duty[:, :, lay.nan_pos[lay.nan_pos < 2 * P]] = np.nan
         if (duty.reshape(duty.shape[0], duty.shape[1], 2, P) >= self._duty_min).any():   # NaN compares False
             return False
-        if lay.needs_recent_tx:
-            tx = stack.rates[:, :, lay.gather[2 * P:3 * P]]
-            if lay.zero_pos.size:
-                tx[:, :, lay.zero_pos[(lay.zero_pos >= 2 * P) & (lay.zero_pos < 3 * P)] - 2 * P] = 0.0
-            sent = tx > 0                                 # [t, n, P]
-            if sent.any():
-                last = sent.shape[0] - 1 - np.argmax(sent[::-1], axis=0)   # the newest tick that sent
-                cells.last_tx_ns = np.where(sent.any(axis=0), stack.times_ns[last], cells.last_tx_ns)
+        cells.stamp(_last_traffic(stack.rates, lay, stack.times_ns).max(axis=0))
         return True
 
     def _frame(self, view: SourceView, frame: EntityFrame, lay: _Layout, out: list) -> None:
@@ -431,8 +466,7 @@ class PfcWatchdog:
         if not lay.scale_is_one:
             traffic = traffic * lay.scale
         t_ns = view.time_ns
-        if lay.needs_recent_tx:
-            cells.last_tx_ns[traffic[:, 0] > 0] = t_ns
+        cells.last_traffic_ns[traffic >= DEMAND_MIN_BYTES_PER_S] = t_ns       # NaN compares False
         still = duty >= self._duty_min                   # [n, 2, P]; NaN compares False
         if not cells.n_active and not cells.counting and not still.any():
             return                                        # the healthy fast path: nobody near a pause
@@ -443,18 +477,10 @@ class PfcWatchdog:
             line = np.full(n, DEFAULT_LINE_RATE_GBPS * 1e9 / 8)
         if lay.oper_up is not None:
             line[frame.gauges[:, lay.oper_up] == 0] = np.nan   # admin/oper down: no PFC evidence
-        if lay.has_xmit_wait:                            # NIC: data waited for a paused wire
-            demand = (x[:, 4 * P] > 0)[:, None]
-        else:                                            # switch: queue occupancy (SONiC)
-            occupancy = frame.gauges[:, lay.occupancy] if frame.gauges.shape[1] else np.zeros((n, P))
-            demand = np.where(lay.has_occupancy, occupancy > 0, False)
-        if lay.needs_recent_tx:                          # no direct evidence: traffic seen lately
-            recent = (t_ns - cells.last_tx_ns) <= DEMAND_LOOKBACK_S * 1e9
-            demand = demand | (recent & ~lay.has_occupancy) if not lay.has_xmit_wait else demand
-        # One condition per role: held (or holding) >= d of the interval, carrying no more
-        # than the (1 - d) of line rate the pause leaves; "paused" also needs data queued.
         cond = still & (traffic <= self._traffic_max * line[:, None, None])
-        cond[:, 0] &= demand
+        # One condition per role: held (or holding) >= d of the interval, carrying no more
+        # than the (1 - d) of line rate the pause leaves, and something is stuck behind it.
+        cond &= self._demand(lay, frame, x, cells, t_ns, dt_s)
         # quiet (restoration) only matters for active cells; NaN is neither still nor quiet
         quiet = duty < self._duty_min if cells.n_active else None
         fired, cleared = self._countdown(cells, cond, still, quiet, dt_s * 1e9, t_ns)
@@ -464,6 +490,27 @@ class PfcWatchdog:
         for i, r, p in zip(*np.nonzero(fired | cleared)):
             out.append(self._change(view, lay, int(i), int(r), int(p), bool(fired[i, r, p]),
                                     int(cells.onset_ns[i, r, p]), inputs))
+
+    @staticmethod
+    def _demand(lay: _Layout, frame: EntityFrame, x: np.ndarray, cells: _Cells, t_ns: int, dt_s: float) -> np.ndarray:
+        """[n, 2, P] whether something is stuck behind each role (SONiC test_pfcwd_no_traffic).
+
+        Paused: data waits to be sent. A switch queue's occupancy says so where the gauge was
+        read (an empty queue is not held); a NIC's ``port_xmit_wait`` rising says so (NaN,
+        i.e. saturated or reset: unknown); otherwise traffic sent on p lately. Pausing: the
+        peer had data for the port, i.e. traffic received on p lately. Lately: within
+        `DEMAND_LOOKBACK_S` (+ one interval) before the agreeing run started, or during it.
+        """
+        P = len(lay.prios)
+        since_ns = np.where(cells.count > 0, cells.onset_ns, t_ns - int(dt_s * 1e9))   # the run's start
+        recent = cells.last_traffic_ns >= since_ns - (DEMAND_LOOKBACK_S + dt_s) * 1e9  # [n, 2, P]
+        if lay.has_xmit_wait:                            # NIC: data waited for a paused wire
+            recent[:, 0] |= (x[:, 4 * P] > 0)[:, None]    # NaN compares False: the traffic decides
+        elif lay.has_occupancy.any():                    # switch: queue occupancy (SONiC)
+            occupancy = frame.gauges[:, lay.occupancy]
+            read = lay.has_occupancy & (occupancy == occupancy)
+            recent[:, 0] = np.where(read, occupancy > 0, recent[:, 0])
+        return recent
 
     def _countdown(self, cells: _Cells, cond, still, quiet, dt_ns: float, t_ns: int):
         """Advance every timer by one sample; the cells that fired (onset) and cleared."""
@@ -514,20 +561,25 @@ class PfcWatchdog:
             if active:
                 ev.append(Evidence("tx_bytes_per_s", traffic, limit, "bytes/s",
                                    "sent on the priority (at most 1 - duty of line rate)"))
-                if lay.has_xmit_wait:
-                    ev.append(Evidence("port_xmit_wait_per_s", float(x["x"][i, -1]), 0.0, "ticks/s",
+                wait = float(x["x"][i, -1])
+                if lay.has_xmit_wait and wait > 0:
+                    ev.append(Evidence("port_xmit_wait_per_s", wait, 0.0, "ticks/s",
                                        "data waiting to be sent"))
-                elif lay.has_occupancy[p]:
+                elif lay.has_occupancy[p] and frame.gauges[i, lay.occupancy[p]] == frame.gauges[i, lay.occupancy[p]]:
                     ev.append(Evidence("queue_occupancy_bytes", float(frame.gauges[i, lay.occupancy[p]]), 0.0,
                                        "bytes", "queued for the paused egress"))
                 else:
+                    unknown = " (port_xmit_wait unknown: saturated or reset)" if lay.has_xmit_wait else ""
                     ev.append(Evidence("recent_traffic", 1.0, 1.0, "bool",
-                                       f"traffic on the priority within {DEMAND_LOOKBACK_S:g} s"))
+                                       f"sent on the priority within the last {DEMAND_LOOKBACK_S:g} s{unknown}"))
         else:
             ev = [Evidence("tx_pause_duty", duty, d_min, "s/s", f"sent pause on prio {prio}")]
             if active:
                 ev.append(Evidence("rx_bytes_per_s", traffic, limit, "bytes/s",
-                                   "received on the priority (a stuck receiver takes ~nothing)"))
+                                   "received on the priority (a stuck receiver takes ~nothing)"
+                                   if frame.kind == NIC_PORT else "received on the port (all priorities)"))
+                ev.append(Evidence("recent_rx_traffic", 1.0, 1.0, "bool",
+                                   f"the peer sent on the priority within the last {DEMAND_LOOKBACK_S:g} s"))
                 for name, j in zip(("tx_pause_storm_warning_events", "tx_pause_storm_error_events"),
                                    lay.storm_events):
                     if j is not None and frame.rates[i, j] > 0:

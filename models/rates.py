@@ -6,7 +6,11 @@ never a nominal interval. Each counter's width and overflow behaviour comes from
 
 * a decrease of a W-bit wrapping counter that fits a plausible wrap is a wrap;
 * any other decrease is a reset (reboot, driver reload): no rate for that interval;
-* a saturating IB error counter pinned at all-ones gives no rate (its true value is unknown);
+* a saturating counter (IB PMA PortCounters: ``port_xmit_wait``, the error counters) at
+  all-ones gives no rate (NaN: unknown, never zero), both when it is pinned there and
+  when it reaches all-ones during the interval (the increase past it is lost); counted
+  in ``stats`` as ``saturated_counters`` (every such sample) and ``counter_saturations``
+  (the samples where it got there);
 * a sample not newer than the previous one (duplicate, out of order) is refused.
 
 >>> import numpy as np
@@ -211,6 +215,7 @@ class RateTracker:
             if pinned.any():
                 delta[pinned] = np.nan
                 self.stats["saturated_counters"] += int(pinned.sum())
+                self.stats["counter_saturations"] += int((pinned & (before != specs.saturated_at)).sum())
         return delta
 
     def forget(self, source: str) -> None:

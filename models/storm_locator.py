@@ -9,10 +9,13 @@ when the victim set grows materially, RESOLVED when the source restores.
 How the source is found, per priority:
 
 * A port is *held* when its watchdog says "paused". A switch port *pauses its peer*
-  when that peer is held (a switch exports no duration for the pauses it sends, so the
-  peer's received-pause duty is the measurement). A switch is *congested* on p when one
-  of its own ports is held, or faces a NIC that is pausing: its ingress buffers fill and
-  it pauses whoever feeds it. That is how a storm propagates upstream.
+  when its watchdog says "pausing" (a SONiC switch exports the duration of the pauses it
+  sends, SAI ``PFC_x_TX_PAUSE_DURATION_US``), or when that peer is held (EOS and Cumulus
+  export no such duration: the peer's received-pause duty is the measurement). A switch
+  is *congested* on p when one of its own ports is held, or faces a port that is pausing:
+  its ingress buffers fill and it pauses whoever feeds it. That is how a storm propagates
+  upstream. Neither role is confirmed without something stuck behind it (the watchdog's
+  demand evidence), so an idle node is never named.
 * **NIC root** (confidence 1.0): a NIC whose watchdog says "pausing". A NIC that keeps
   its leaf silent while receiving ~nothing is the classic stuck host.
 * **Silent-source root** (`SILENT_SOURCE_CONFIDENCE`): a leaf port held by its NIC peer,
@@ -382,7 +385,7 @@ class StormLocator:
         for key, c in pausing.items():
             if key[0] == _NIC:
                 roots[key] = _Root(key, prio, "nic", c.entity, c.onset_ns, NIC_SOURCE_CONFIDENCE, evidence_from=c)
-            elif not self._congested(key[1], prio):   # a switch port that says it pauses (not our watchdog)
+            elif not self._congested(key[1], prio):   # a switch port whose TX pause duration says it pauses
                 since = max(c.at_ns, self._calm_since(key[1], prio))
                 if self._believed(key, prio, since):
                     roots[key] = _Root(key, prio, "switch", c.entity, c.onset_ns, SWITCH_SOURCE_CONFIDENCE,

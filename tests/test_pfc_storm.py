@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from fabricwatch.collectors.faults import AdminToggle, NodeReboot, PfcStorm
+from fabricwatch.collectors.faults import AdminToggle, NodeReboot, PfcStorm, PinnedCounter, SwitchPfcStorm
 from fabricwatch.collectors.simulator import ClusterSimulator, Job
 from fabricwatch.models.findings import OPEN, RESOLVED, UPDATE, EntityRef, Evidence
 from fabricwatch.models.frames import NIC_PORT, SWITCH_PORT, EntityFrame, SourceView
 from fabricwatch.models.pfc_storm import PAUSED, PAUSING, PauseStateChange, PfcWatchdog
 from fabricwatch.models.rates import RateTracker
-from fabricwatch.models.storm_locator import SILENT_SOURCE_CONFIDENCE, SWITCH_SOURCE_CONFIDENCE, StormLocator
+from fabricwatch.models.storm_locator import (ORPHAN_GRACE_MS, SILENT_SOURCE_CONFIDENCE, SWITCH_SOURCE_CONFIDENCE,
+                                              StormLocator)
 from fabricwatch.models.topology import rail_optimised
 from fabricwatch.streams.decode import to_view
 
@@ -33,6 +34,8 @@ NIC_NAMES = ("rx_prio3_pause_duration", "tx_prio3_pause_duration", "rx_prio3_pau
 SW_NAMES = ("pfc3-rx-pause-duration-us", "pfc3-rx-pkts", "pfc3-tx-pkts", "queue3-transmit-octets")
 SW_GAUGES = ("port_speed_gbps", "oper_up", "admin_up", "queue3-occupancy-bytes")
 LINE_BPS = 400e9 / 8
+# traffic a NIC received before it stopped draining (a stuck host's peer had data for it)
+RX_BEFORE = 1e9
 
 
 class NicPort:
@@ -63,12 +66,14 @@ class NicPort:
 
 
 class SwitchPort(NicPort):
-    def __init__(self, source="leaf-u0-r2", port="Ethernet4"):
-        super().__init__(source, port, SW_NAMES)
+    def __init__(self, source="leaf-u0-r2", port="Ethernet4", names=SW_NAMES):
+        super().__init__(source, port, names)
 
-    def step(self, dt_s=INTERVAL_S, rx_duty=0.0, tx_bps=0.0, occupancy=0.0, oper_up=1.0, **_):
+    def step(self, dt_s=INTERVAL_S, rx_duty=0.0, tx_bps=0.0, occupancy=0.0, oper_up=1.0, tx_duty=0.0, rx_bps=0.0,
+             **_):
         inc = {"pfc3-rx-pause-duration-us": rx_duty * dt_s * 1e6, "pfc3-rx-pkts": rx_duty * dt_s * 23_000,
-               "queue3-transmit-octets": tx_bps * dt_s}
+               "queue3-transmit-octets": tx_bps * dt_s, "pfc3-tx-pause-duration-us": tx_duty * dt_s * 1e6,
+               "pfc3-tx-pkts": tx_duty * dt_s * 23_000, "in-octets": rx_bps * dt_s}
         for k in self.totals:
             self.totals[k] += inc.get(k, 0.0)
         self.t_ns += int(round(dt_s * 1e9))
@@ -106,7 +111,7 @@ def test_locator_validates_grace():
 
 def test_stuck_host_confirms_on_the_second_agreeing_sample_and_restores_after_400ms():
     nic = NicPort()
-    assert nic.run(3) == []                                   # primes the rates
+    assert nic.run(3, rx_bps=RX_BEFORE) == []                                   # primes the rates
     assert nic.step(tx_duty=0.999) == []                      # one sample is never enough
     onset = nic.step(tx_duty=0.999)
     assert roles(onset) == [("c1/node-0003/mlx5_2/1", PAUSING, True)]
@@ -120,28 +125,28 @@ def test_stuck_host_confirms_on_the_second_agreeing_sample_and_restores_after_40
 
 def test_a_single_long_sample_does_not_confirm():
     nic = NicPort()
-    nic.run(2)
+    nic.run(2, rx_bps=RX_BEFORE)
     assert nic.step(dt_s=5.0, tx_duty=1.0) == []             # 5 s charged, capped at 199.999 ms
     assert len(nic.step(tx_duty=1.0)) == 1
 
 
 def test_real_elapsed_time_is_charged_not_sample_counts():
     nic = NicPort()
-    nic.run(2)
+    nic.run(2, rx_bps=RX_BEFORE)
     assert nic.run(3, dt_s=0.05, tx_duty=1.0) == []          # 150 ms in three samples
     assert len(nic.step(dt_s=0.05, tx_duty=1.0)) == 1        # 200 ms
 
 
 def test_timestamp_jitter_does_not_cost_a_third_sample():
     nic = NicPort()
-    nic.run(2)
+    nic.run(2, rx_bps=RX_BEFORE)
     assert nic.step(dt_s=0.0998, tx_duty=1.0) == []
     assert len(nic.step(dt_s=0.0999, tx_duty=1.0)) == 1      # 199.7 ms: within the 1 % tolerance
 
 
 def test_burst_shorter_than_detection_time_is_ignored():
     nic = NicPort()
-    nic.run(2)
+    nic.run(2, rx_bps=RX_BEFORE)
     for _ in range(5):
         assert nic.step(tx_duty=1.0) == []
         assert nic.step(tx_duty=0.3) == []
@@ -149,7 +154,7 @@ def test_burst_shorter_than_detection_time_is_ignored():
 
 def test_counter_reset_is_no_evidence_and_restarts_the_countdown():
     nic = NicPort()
-    nic.run(2)
+    nic.run(2, rx_bps=RX_BEFORE)
     assert nic.step(tx_duty=1.0) == []
     assert nic.step(tx_duty=1.0, reset=True) == []           # reboot: every total restarts near 0
     assert nic.step(tx_duty=1.0) == []                        # the countdown starts over
@@ -159,7 +164,7 @@ def test_counter_reset_is_no_evidence_and_restarts_the_countdown():
 
 def test_reset_during_a_storm_holds_restoration():
     nic = NicPort()
-    nic.run(2)
+    nic.run(2, rx_bps=RX_BEFORE)
     assert len(nic.run(2, tx_duty=1.0)) == 1
     assert nic.run(2) == []                                   # 200 ms quiet
     assert nic.step(reset=True) == []                         # NaN: neither quiet nor paused
@@ -216,6 +221,45 @@ def test_switch_queue_needs_occupancy_and_no_transmission():
     assert roles(held.run(2, rx_duty=0.998, occupancy=3e6)) == [("c1/leaf-u0-r2/Ethernet4", PAUSED, True)]
 
 
+def SwitchPortTx():
+    """A SONiC port: also the pauses it sends (SAI PFC_3_TX_PAUSE_DURATION_US) and its ingress."""
+    return SwitchPort(names=SW_NAMES + ("pfc3-tx-pause-duration-us", "in-octets"))
+
+
+def test_switch_port_sending_pauses_while_receiving_nothing_is_pausing():
+    port = SwitchPortTx()
+    port.run(3, rx_bps=5e9)                                    # its peer was sending to it
+    onset = port.run(2, tx_duty=0.999)
+    assert roles(onset) == [("c1/leaf-u0-r2/Ethernet4", PAUSING, True)]
+    assert onset[0].value("tx_pause_duty") == pytest.approx(0.999)
+    assert roles(port.run(5)) == [("c1/leaf-u0-r2/Ethernet4", PAUSING, False)]
+    still_flowing = SwitchPortTx()
+    still_flowing.run(3, rx_bps=5e9)
+    assert still_flowing.run(10, tx_duty=0.97, rx_bps=0.3 * LINE_BPS) == []   # congestion, not stuck
+    idle = SwitchPortTx()
+    idle.run(15)
+    assert idle.run(10, tx_duty=0.999) == []                   # its peer has nothing to send: holds nothing
+    # without the column (EOS, Cumulus) the rule is as before: nothing is read from frame counts
+    legacy = SwitchPort()
+    legacy.run(3)
+    assert legacy.run(10, tx_bps=5e9) == []
+
+
+def test_nic_with_pinned_port_xmit_wait_falls_back_on_its_recent_traffic():
+    pinned = 2.0**32 - 1
+    busy = NicPort()
+    busy.totals["port_xmit_wait"] = pinned
+    busy.run(3, tx_bps=20e9)                                   # sending; port_xmit_wait stuck at all-ones
+    onset = busy.run(2, rx_duty=0.97)                          # it waits, but the counter cannot move
+    assert roles(onset) == [("c1/node-0003/mlx5_2/1", PAUSED, True)]
+    assert onset[0].value("recent_traffic") == 1.0 and np.isnan(onset[0].value("port_xmit_wait_per_s"))
+    assert busy.tracker.stats["saturated_counters"] == 4            # every interval after the first sample
+    idle = NicPort()
+    idle.totals["port_xmit_wait"] = pinned
+    idle.run(15)
+    assert idle.run(10, rx_duty=0.97) == []                    # pinned is unknown, not "waiting"
+
+
 def test_admin_down_port_is_no_evidence():
     port = SwitchPort()
     port.run(2)
@@ -224,10 +268,10 @@ def test_admin_down_port_is_no_evidence():
 
 def test_a_port_list_change_keeps_the_state_of_the_ports_that_remain():
     wd, tracker = PfcWatchdog(), RateTracker()
-    names = ("tx_prio3_pause_duration",)
+    names = ("tx_prio3_pause_duration", "rx_prio3_bytes")
 
     def tick(k, ids):
-        f = EntityFrame(NIC_PORT, ids, names, np.array([[k * 100_000]] * len(ids), np.uint64), (),
+        f = EntityFrame(NIC_PORT, ids, names, np.array([[k * 100_000, k * 10**8]] * len(ids), np.uint64), (),
                         np.empty((len(ids), 0)), [{}] * len(ids))
         tracker.update("n1", f, k * 100 * MS)
         return wd.update(SourceView("c1", "n1", "node", k * 100 * MS, k, [f]))
@@ -371,10 +415,10 @@ class Run:
 
 
 def simulate(faults=(), seconds=6.0, n_nodes=16, nodes_per_unit=8, jobs=None, drop=None, seed=3,
-             track=()) -> Run:
+             track=(), **sim_kw) -> Run:
     topo = rail_optimised("sim", n_nodes=n_nodes, nodes_per_unit=nodes_per_unit, n_spines=2)
     sim = ClusterSimulator(topo, seed=seed, interval_s=INTERVAL_S, jobs=jobs, faults=list(faults),
-                           rank_steps=False)
+                           rank_steps=False, **sim_kw)
     run = Run(sim)
     rates, wd, loc = RateTracker(), PfcWatchdog(DETECT_MS, RESTORE_MS), StormLocator(topo)
     loc.set_jobs({n: {j.job_id} for j in sim.jobs for n in j.nodes})
@@ -425,17 +469,19 @@ def test_single_port_storm_names_the_source_not_the_victims():
                                                           (RESOLVED, "sim/node-0005/mlx5_2/1")]
     [last] = run.open_at(4.0)
     victims = {r.path() for r in last.related}
-    # its leaf port, the job-b NICs on that leaf that had data to send, the spine port facing the leaf
+    # its leaf port, the NICs on that leaf that had data to send (port_xmit_wait rising, or sent
+    # within the lookback: the source's hung ring partners too), the spine port facing the leaf
     assert victims == {"sim/leaf-u0-r2/Ethernet4", "sim/node-0001/mlx5_2/1", "sim/node-0002/mlx5_2/1",
-                       "sim/node-0003/mlx5_2/1", "sim/spine-0/Ethernet2"}
+                       "sim/node-0003/mlx5_2/1", "sim/node-0004/mlx5_2/1", "sim/node-0006/mlx5_2/1",
+                       "sim/spine-0/Ethernet2"}
     assert victims - {"sim/leaf-u0-r2/Ethernet4"} <= {f"sim/{v}" for v in truth.victims}
     assert "sim/" + truth.related[0] in victims
     assert last.severity == "critical" and last.confidence == 1.0
-    assert last.summary == ("PFC storm on prio 3 from node-0005 mlx5_2/1: 5 victim ports behind leaf-u0-r2 "
-                            "(spine uplinks paused) on 3 nodes; jobs job-a, job-b")
+    assert last.summary == ("PFC storm on prio 3 from node-0005 mlx5_2/1: 7 victim ports behind leaf-u0-r2 "
+                            "(spine uplinks paused) on 5 nodes; jobs job-a, job-b")
     ev = {e.name: e for e in last.evidence}
     assert ev["tx_pause_duty"].value > 0.99 and ev["rx_bytes_per_s"].value < 1e6
-    assert ev["victim_ports"].value == 5 and ev["victim_nodes"].value == 3 and ev["affected_jobs"].value == 2
+    assert ev["victim_ports"].value == 7 and ev["victim_nodes"].value == 5 and ev["affected_jobs"].value == 2
     assert ev["leaf_port_rx_pause_duty"].detail == "leaf-u0-r2/Ethernet4"
     assert "stuck host" in last.probable_cause and "isolate the source port" in last.suggested_action
     # the watchdog saw the victims as paused and only the source as pausing
@@ -477,7 +523,9 @@ def test_two_port_storm_names_both_sources():
 def test_all_port_storm_names_every_source_and_nothing_else():
     srcs = tuple((N(i), "mlx5_2/1") for i in range(1, 9))          # every NIC on leaf-u0-r2
     run = simulate([PfcStorm(sources=srcs, onset_s=1.0, offset_s=3.0)], seconds=4.0, jobs=JOBS)
-    expected = sorted(f"sim/{n}/{p}" for n, p in srcs)
+    # the idle nodes' NICs have nothing queued for them: their pauses hold nothing
+    expected = sorted(f"sim/{t.entity}" for t in run.sim.ground_truth() if t.expect_alert)
+    assert len(expected) == len([n for n, _ in srcs if n not in run.sim.idle_nodes]) > 0
     assert sorted(f.entity.path() for _, f in run.findings if f.state == OPEN) == expected
     assert sorted(f.entity.path() for _, f in run.findings if f.state == RESOLVED) == expected
     assert all(f.confidence == 1.0 for _, f in run.findings)
@@ -489,17 +537,45 @@ def test_storm_shorter_than_detection_time_does_not_alert():
     assert run.findings == [] and run.changes == []
 
 
-def test_storm_with_no_traffic_to_send():
-    # The source's node is idle: nothing is queued for it, so no queue is held and there are
-    # no victims. The source itself is still alerted (the ground truth expects it): a NIC
-    # that pauses continuously is a stuck host, and the first flow towards it will storm.
+def test_storm_with_no_traffic_to_send_is_not_a_storm():
+    # The source's node is idle: nothing is queued for it, so no queue is held, there are
+    # no victims, and the NIC received nothing on the priority before it paused: its pauses
+    # hold nothing (sonic-mgmt test_pfcwd_no_traffic). Must not fire.
     idle_src = (N(7), "mlx5_2/1")
     run = simulate([PfcStorm(sources=(idle_src,), onset_s=1.0, offset_s=3.0)], seconds=4.0, jobs=JOBS)
     truth = run.sim.ground_truth()[0]
-    assert truth.detail["traffic_to_source"] is False and truth.expect_alert
-    assert [c.role for _, c in run.changes] == [PAUSING, PAUSING]        # onset, restoration; nobody paused
-    assert run.states() == [(OPEN, "sim/node-0007/mlx5_2/1"), (RESOLVED, "sim/node-0007/mlx5_2/1")]
-    assert run.findings[0][1].related == []
+    assert truth.detail["traffic_to_source"] is False and not truth.expect_alert
+    assert run.changes == [] and run.findings == []
+
+
+@pytest.mark.parametrize("tx_duration_exported", [False, True])
+def test_switch_port_storm_with_a_pinned_victim_port_xmit_wait_names_the_switch_port(tx_duration_exported):
+    topo = rail_optimised("sim", n_nodes=16, nodes_per_unit=8, n_spines=2)
+    lp = topo.nic(N(1), "mlx5_2/1")                            # leaf-u0-r2 Ethernet0, a busy job-b NIC
+    run = simulate([SwitchPfcStorm(lp.switch, lp.switch_port, onset_s=1.0, offset_s=4.0),
+                    PinnedCounter(N(1), "mlx5_2/1")], seconds=6.0, jobs=JOBS,
+                   switch_tx_pause_duration=tx_duration_exported)
+    truth = run.sim.ground_truth()[0]
+    assert truth.entity == "leaf-u0-r2/Ethernet0" and truth.expect_alert
+    assert run.states() == [(OPEN, "sim/leaf-u0-r2/Ethernet0"), (RESOLVED, "sim/leaf-u0-r2/Ethernet0")]
+    t, f = run.findings[0]
+    assert f.cause == "switch_port" and [r.path() for r in f.related] == ["sim/node-0001/mlx5_2/1"]
+    # the victim's port_xmit_wait is unknown (pinned): its recent traffic said it had data to send
+    [victim] = [c for _, c in run.changes if c.role == PAUSED and c.active]
+    assert victim.value("recent_traffic") == 1.0
+    # switch-rooted storms wait for the locator's grace (the congested-switch picture may be late)
+    assert (t - run.at(1.0)) / MS <= DETECT_MS + ORPHAN_GRACE_MS + INTERVAL_S * 1000 + 1e-6
+    pausing = {c.entity.path() for _, c in run.changes if c.role == PAUSING}
+    assert pausing == ({"sim/leaf-u0-r2/Ethernet0"} if tx_duration_exported else set())
+
+
+def test_switch_port_storm_towards_an_idle_node_is_not_a_storm():
+    topo = rail_optimised("sim", n_nodes=16, nodes_per_unit=8, n_spines=2)
+    lp = topo.nic(N(7), "mlx5_2/1")                            # node-0007 runs no job
+    run = simulate([SwitchPfcStorm(lp.switch, lp.switch_port, onset_s=1.0, offset_s=4.0),
+                    PinnedCounter(N(7), "mlx5_2/1")], seconds=6.0, jobs=JOBS, switch_tx_pause_duration=True)
+    assert not run.sim.ground_truth()[0].expect_alert
+    assert run.changes == [] and run.findings == []
 
 
 def test_storm_during_traffic_with_the_host_still_running():
@@ -558,3 +634,48 @@ def test_healthy_noisy_cluster_with_incast_does_not_alert(seconds):
     run = simulate(seconds=seconds, n_nodes=8, nodes_per_unit=4, jobs=None, seed=5)
     assert run.max_nic_rx_duty > 0.2                        # incast pauses did happen
     assert run.changes == [] and run.findings == []
+
+
+# ----------------------------------------------------------------------- the worker's path, real collector cadence
+def _pipeline_storms(faults, seconds, **sim_kw):
+    """OPEN pfc_storm entity paths from the worker's batched path (`replay` through the
+    `DetectionPipeline`: screened stacks, grouped rates) at the collectors' real cadence
+    (PFC-only node ticks every 100 ms, full snapshots and switches every second)."""
+    from fabricwatch.collectors.simulator import COLLECTOR_CADENCE
+    from fabricwatch.protos.v1 import events_pb2 as evpb
+    from fabricwatch.streams.pipeline import DetectionPipeline
+    from fabricwatch.streams.replay import replay
+    topo = rail_optimised("sim", n_nodes=16, nodes_per_unit=8, n_spines=2)
+    sim = ClusterSimulator(topo, seed=3, jobs=JOBS, faults=list(faults), rank_steps=False,
+                           cadence=COLLECTOR_CADENCE, **sim_kw)
+    snaps = [s for _ in range(int(round(seconds / COLLECTOR_CADENCE.pfc_interval_s))) for s in sim.tick()]
+    result = replay(snaps, DetectionPipeline(topology=topo), finish=True)
+    return sim, sorted({(e.entity.switch or e.entity.node, e.entity.port if e.entity.switch else e.entity.device)
+                        for e in result.events if e.kind == "pfc_storm" and e.lifecycle == evpb.LIFECYCLE_OPEN})
+
+
+def test_worker_path_at_real_cadence_detects_a_switch_storm_on_a_pinned_victim_and_ignores_idle_nodes():
+    topo = rail_optimised("sim", n_nodes=16, nodes_per_unit=8, n_spines=2)
+    busy, idle = topo.nic(N(1), "mlx5_2/1"), topo.nic(N(7), "mlx5_3/1")
+    faults = [SwitchPfcStorm(busy.switch, busy.switch_port, onset_s=2.0, offset_s=6.0), PinnedCounter(N(1), "mlx5_2/1"),
+              SwitchPfcStorm(idle.switch, idle.switch_port, onset_s=2.0, offset_s=6.0), PinnedCounter(N(7), "mlx5_3/1"),
+              PfcStorm(((N(8), "mlx5_5/1"),), onset_s=2.0, offset_s=6.0)]          # an idle node's NIC pausing
+    for exported in (False, True):
+        sim, opened = _pipeline_storms(faults, 9.0, switch_tx_pause_duration=exported)
+        assert [g.entity for g in sim.ground_truth() if g.expect_alert] == [f"{busy.switch}/{busy.switch_port}"]
+        assert opened == [(busy.switch, busy.switch_port)], exported
+
+
+def test_checkpoint_written_before_received_traffic_was_tracked_still_loads():
+    import pickle
+
+    from fabricwatch.models.pfc_storm import _NEVER, _Cells
+    cells = _Cells(("mlx5_0/1", "mlx5_1/1"), 1)
+    state = dict(cells.__dict__)
+    del state["last_traffic_ns"]
+    state["last_tx_ns"] = np.array([[5], [_NEVER]], dtype=np.int64)      # the old [entity, priority] layout
+    old = object.__new__(_Cells)
+    old.__dict__.update(state)
+    loaded = pickle.loads(pickle.dumps(old))
+    assert loaded.last_traffic_ns.shape == (2, 2, 1) and not hasattr(loaded, "last_tx_ns")
+    assert loaded.last_traffic_ns[:, 0, 0].tolist() == [5, _NEVER] and (loaded.last_traffic_ns[:, 1] == _NEVER).all()

@@ -100,3 +100,58 @@ def test_vectorised_over_entities_and_sources_kept_apart():
     t.update("b", fb, S)
     assert fa.rates[:, 0].tolist() == [10, 20]
     assert fb.rates[:, 0].tolist() == [1, 2]
+
+
+def test_port_xmit_wait_saturates_pinned_is_unknown_never_zero():
+    """PortXmitWait is a 32-bit PortCounter: it stops at all ones (IBA 1.8 §16.1.3.5)."""
+    pinned = 2**32 - 1
+    t = RateTracker()
+    t.update("n", frame(["port_xmit_wait"], [[pinned]]), 0)
+    f = frame(["port_xmit_wait"], [[pinned]])                   # pinned: no change, yet not "zero"
+    t.update("n", f, S)
+    assert np.isnan(f.rates[0, 0])
+    assert t.stats["saturated_counters"] == 1 and t.stats["counter_saturations"] == 0
+    assert t.stats["counter_wraps"] == 0
+
+
+def test_counter_reaching_all_ones_mid_interval_is_unknown_not_a_partial_rate():
+    t = RateTracker()
+    t.update("n", frame(["port_xmit_wait", "symbol_error"], [[2**32 - 5_000, 65_000]]), 0)
+    f = frame(["port_xmit_wait", "symbol_error"], [[2**32 - 1, 65_535]])   # both got stuck at all-ones
+    t.update("n", f, S)
+    assert np.isnan(f.rates[0]).all()
+    assert t.stats["counter_saturations"] == 2 and t.stats["saturated_counters"] == 2
+    cleared = frame(["port_xmit_wait", "symbol_error"], [[10, 0]])          # perfquery -R: a reset
+    t.update("n", cleared, 2 * S)
+    assert np.isnan(cleared.rates[0]).all() and t.stats["counter_resets"] == 2 and t.stats["counter_wraps"] == 0
+    after = frame(["port_xmit_wait", "symbol_error"], [[1_010, 2]])
+    t.update("n", after, 3 * S)
+    assert after.rates[0].tolist() == [1_000, 2]
+
+
+def test_saturation_in_a_stacked_group_is_unknown_too():
+    from fabricwatch.models.frames import FrameStack
+    t = RateTracker()
+    cur = np.array([[[2**32 - 3]], [[2**32 - 1]], [[2**32 - 1]]], dtype=np.uint64)
+    stack = FrameStack("nic_port", ("mlx5_0/1",), ("port_xmit_wait",), (), np.zeros(3, np.intp), cur,
+                       np.empty((3, 1, 0)), times_ns=np.array([0, S, 2 * S]))
+    t.update_stack("n", stack)
+    assert np.isnan(stack.rates[:, 0, 0]).all()
+    assert t.stats["counter_saturations"] == 1 and t.stats["saturated_counters"] == 2
+
+
+def test_sequence_error_counters_wrap_and_declared_semantics_follow_the_driver_docs():
+    from fabricwatch.counters import Overflow, spec_for
+    for name, width in (("port_xmit_wait", 32), ("symbol_error", 16), ("link_downed", 8),
+                        ("local_link_integrity_errors", 4)):
+        assert (spec_for(name).width_bits, spec_for(name).overflow) == (width, Overflow.SATURATE), name
+    for name in ("out_of_sequence", "packet_seq_err"):
+        assert (spec_for(name).width_bits, spec_for(name).overflow) == (32, Overflow.WRAP), name
+    for name in ("port_xmit_data", "rx_prio3_pause_duration", "pfc3-tx-pause-duration-us"):
+        assert (spec_for(name).width_bits, spec_for(name).overflow) == (64, Overflow.WRAP), name
+    assert spec_for("pfc3-tx-pause-duration-us").rate_unit == "s/s"
+    t = RateTracker()
+    t.update("n", frame(["out_of_sequence"], [[2**32 - 10]]), 0)
+    f = frame(["out_of_sequence"], [[5]])
+    t.update("n", f, S)
+    assert f.rates[0, 0] == 15 and t.stats["counter_wraps"] == 1

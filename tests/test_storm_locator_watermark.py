@@ -432,3 +432,36 @@ def test_a_locator_checkpointed_before_the_watermark_loads_on_the_newest_record_
     assert old.watermark_ns is None and old.source_max_lag_ms == SOURCE_MAX_LAG_MS
     assert opened(old.poll(T0 + 1_200 * MS)) == [("c1/leaf-u0-r2/Ethernet2", SILENT_SOURCE_CONFIDENCE)]
     assert old.progress(progress(NODES + SWITCHES, 1_300)) == [] and old.watermark_ns == T0 + 1_300 * MS
+
+
+# ----------------------------------------------------------------------- switch ports that say they pause
+LEAF_PORT_TO_VICTIM = EntityRef("c1", switch="leaf-u0-r2", port="Ethernet0")     # faces node-0001 mlx5_2/1
+
+
+def test_switch_port_reporting_its_own_pauses_is_a_root_on_the_watermark_after_the_grace():
+    """A SONiC leaf port whose TX pause duration says it holds its NIC, on a leaf with
+    nothing held and no pausing peer: a switch root, once the picture lasted the grace on
+    the watermark (the NIC's paused record may never come: its port_xmit_wait is pinned
+    and it sent nothing lately)."""
+    loc = StormLocator(TOPO)
+    out = loc.progress(progress(NODES + SWITCHES, 1_000))
+    out += loc.update(change(LEAF_PORT_TO_VICTIM, PAUSING, 1_200))
+    for at_ms in range(1_300, 2_201, 100):
+        out += loc.progress(progress(NODES + SWITCHES, at_ms))
+        if at_ms < 2_200:
+            assert opened(out) == []
+    assert opened(out) == [("c1/leaf-u0-r2/Ethernet0", SWITCH_SOURCE_CONFIDENCE)]
+    [f] = [f for f in out if f.state == OPEN]
+    assert f.cause == "switch_port" and "pausing node-0001 mlx5_2/1" in f.summary
+
+
+def test_switch_port_pausing_on_a_congested_leaf_is_propagation_not_a_root():
+    """The leaf pauses its other NICs because a stuck host holds it: the NIC is the root,
+    the leaf's own pausing report is propagation."""
+    loc = StormLocator(TOPO)
+    out = loc.update(change(SOURCE_NIC, PAUSING, 200))
+    out += loc.update(change(LEAF_PORT_TO_VICTIM, PAUSING, 1_100))
+    out += loc.update(change(VICTIM_NIC, PAUSED, 1_150))
+    for at_ms in range(1_200, 5_001, 100):
+        out += loc.poll(T0 + at_ms * MS)
+    assert opened(out) == [("c1/node-0003/mlx5_2/1", NIC_SOURCE_CONFIDENCE)]

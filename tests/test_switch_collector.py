@@ -171,6 +171,21 @@ def test_sonic_json_string_values_queues_status_and_name_map():
     assert math.isnan(t["Ethernet8"]["queue3-occupancy-bytes"])
 
 
+def test_sonic_transmit_pause_duration_per_priority_travels_in_us():
+    counters = {"Ethernet0": {"SAI_PORT_STAT_PFC_3_TX_PAUSE_DURATION_US": "987654",
+                              "SAI_PORT_STAT_PFC_3_RX_PAUSE_DURATION_US": "12",
+                              "SAI_PORT_STAT_PFC_4_TX_PAUSE_DURATION_US": "5"},      # priority not configured
+                "Ethernet8": {"SAI_PORT_STAT_PFC_3_RX_PAUSE_DURATION_US": "0"}}      # not polled on this port
+    t = one_tick("sonic", notif([("COUNTERS/Ethernet*", counters)], target="COUNTERS_DB"), priorities=(3,))
+    assert t["Ethernet0"] == {"pfc3-tx-pause-duration-us": 987_654, "pfc3-rx-pause-duration-us": 12}
+    assert "pfc3-tx-pause-duration-us" not in t["Ethernet8"]
+    m = compile_profile("sonic").match("COUNTERS/Ethernet*/Ethernet4/SAI_PORT_STAT_PFC_7_TX_PAUSE_DURATION_US")
+    assert m.rule.output_name(m.binds) == "pfc7-tx-pause-duration-us" and m.rule.convert == "raw"
+    from fabricwatch.counters import spec_for
+    assert (spec_for("pfc7-tx-pause-duration-us").unit, spec_for("pfc7-tx-pause-duration-us").rate_unit) == ("us",
+                                                                                                           "s/s")
+
+
 def test_arista_pfc_frames_and_pause_time_converted_from_ns_to_us():
     pfc = ("/openconfig-interfaces:interfaces/interface[name=Ethernet1/1]/openconfig-if-ethernet:ethernet"
            "/arista-intf-augments:pfc/priorities/priority[index={}]/state/{}")

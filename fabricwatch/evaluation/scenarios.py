@@ -18,14 +18,19 @@ Suites (``suite`` field):
   NIC's or the GPU's PCIe link at x8, a partial PFC pause on its NIC, or its NIC dead with
   NCCL on a sibling (at least 3 of each).
 * ``pfc_storm`` (0.1 s, 4 nodes): the sonic-mgmt pfcwd test plan: single-port storms during
-  traffic, two-port (same and different leaf), all-port storms, a storm with no traffic, a
-  storm ended by the NIC's own watchdog; PFC needs 0.1 s sampling so that the 200 ms
+  traffic, two-port (same and different leaf), all-port storms (a source on an idle node
+  there holds nothing: not expected), a storm ended by the NIC's own watchdog, switch-port
+  storms towards a busy NIC whose ``port_xmit_wait`` is pinned at 2^32-1 (with and without
+  the switch's TX pause duration), a storm whose victims' ``port_xmit_wait`` are all
+  pinned; every scenario also pins ~10 % of the NICs' ``port_xmit_wait`` (the simulator's
+  default quirk). PFC needs 0.1 s sampling so that the 200 ms
   detection time can be judged. Plus one two-port storm of 100 s at 1 s sampling (8 nodes),
   long enough for a ``for: 1m`` rule.
 * ``must_not_fire``: storms shorter than T_detect, the NIC watchdog ending a storm after
-  100 ms, XON floods (5 s; 110 s), admin port toggles (leaf port facing a NIC, leaf
-  uplink), a node reboot, clock skew, application XIDs of buggy user code (0.1 s or 1 s
-  sampling as fits).
+  100 ms, XON floods (5 s; 110 s), pauses with nothing queued (an idle node's NIC pausing
+  its leaf, a leaf port pausing an idle node: sonic-mgmt ``test_pfcwd_no_traffic``), admin port
+  toggles (leaf port facing a NIC, leaf uplink), a node reboot, clock skew, application XIDs of
+  buggy user code (0.1 s or 1 s sampling as fits).
 * ``healthy``: long noisy healthy runs for the false-alarm rate, sized in node-hours; one
   busy node in eight runs buggy code that throws application XIDs every 1-4 minutes.
 
@@ -53,7 +58,7 @@ from fabricwatch.collectors.faults import (
     INF, STORM_DETECTION_TIME_S, AdminToggle, ClockSkew, EccUncorrectable, Fault, GpuPcieDowngrade, GpuXid,
     LinkDowngrade, LinkFlap, NicPcieDowngrade, NodeReboot, PfcStorm, Straggler,
 )
-from fabricwatch.collectors.faults import ApplicationXid, XidCascade
+from fabricwatch.collectors.faults import ApplicationXid, PinnedCounter, SwitchPfcStorm, XidCascade
 from fabricwatch.collectors.simulator import DEFAULT_START_UNIX_NS, ClusterSimulator, Job, auto_jobs
 from fabricwatch.models.topology import Topology, rail_optimised
 
@@ -109,13 +114,14 @@ class Scenario:
     nodes_per_unit: int = 0       # 0: all nodes in one unit (up to 32)
     n_spines: int = 2
     note: str = ""
+    switch_tx_pause_duration: bool = False   # switches export pfc<p>-tx-pause-duration-us (SONiC)
 
     def topology(self) -> Topology:
         return _topology(self.n_nodes, self.nodes_per_unit or min(32, self.n_nodes), self.n_spines)
 
     def simulator(self) -> ClusterSimulator:
         return ClusterSimulator(self.topology(), seed=self.seed, interval_s=self.interval_s,
-                                faults=list(self.faults))
+                                faults=list(self.faults), switch_tx_pause_duration=self.switch_tx_pause_duration)
 
     @property
     def simulator_start_ns(self) -> int:
@@ -326,10 +332,24 @@ def _storm_multi(kind: str, i: int, seed: int) -> Scenario:
     elif kind == "all-port":
         sources = tuple((n, _nic(rail)) for n in topo.nodes)
         note = "all-port storm: every NIC port of one leaf"
-    elif kind == "no-traffic":
-        node = idle[0] if idle else busy[-1]
+    elif kind in ("switch-port", "switch-port-tx"):
+        node = busy[int(rng.integers(len(busy)))]
+        lp = topo.nic(node, _nic(rail))
+        faults = (SwitchPfcStorm(lp.switch, lp.switch_port, onset_s=t, offset_s=round(t + d, 3)),
+                  PinnedCounter(node, _nic(rail)))
+        tx = kind == "switch-port-tx"
+        return Scenario(f"storm-{kind}-{i:02d}", "pfc_storm", seed, STORM_NODES, 0.1, duration, faults,
+                        nodes_per_unit=STORM_NODES, switch_tx_pause_duration=tx,
+                        note="a leaf port pauses a busy NIC whose port_xmit_wait is pinned at 2^32-1"
+                             + ("; the switch exports its TX pause duration" if tx else ""))
+    elif kind == "pinned-victims":
+        node = busy[int(rng.integers(len(busy)))]
         sources = ((node, _nic(rail)),)
-        note = "storm from a port with no traffic queued for it (node runs no job)"
+        pins = tuple(PinnedCounter(n, _nic(rail)) for n in topo.nodes if n != node)
+        fault = PfcStorm(sources, onset_s=t, offset_s=round(t + d, 3))
+        return Scenario(f"storm-{kind}-{i:02d}", "pfc_storm", seed, STORM_NODES, 0.1, duration, (fault,) + pins,
+                        nodes_per_unit=STORM_NODES, switch_tx_pause_duration=True,
+                        note="single-port storm; every victim NIC's port_xmit_wait pinned at 2^32-1")
     elif kind == "nic-watchdog-1s":
         node = busy[int(rng.integers(len(busy)))]
         fault = PfcStorm(((node, _nic(rail)),), onset_s=t, offset_s=round(t + d, 3), nic_watchdog_ms=1000.0)
@@ -375,6 +395,22 @@ def _must_not_fire(seed: int, quick: bool = False) -> list[Scenario]:
     out.append(Scenario("mnf-nic-watchdog-100ms", "must_not_fire", seed + 2, STORM_NODES, 0.1, 9.0,
                         (PfcStorm(((b, _nic(5)),), onset_s=2.33, offset_s=7.33, nic_watchdog_ms=100.0),),
                         nodes_per_unit=STORM_NODES, note="the NIC's own watchdog ends the storm after 100 ms"))
+    # sonic-mgmt test_pfcwd_no_traffic: pauses with nothing queued behind them are not a storm
+    # (job placement follows the scenario's seed: the idle node is drawn with it)
+    quiet = _storm_cluster(seed + 4)[2]
+    if quiet:
+        out.append(Scenario("mnf-storm-no-traffic", "must_not_fire", seed + 4, STORM_NODES, 0.1, 9.0,
+                            (PfcStorm(((quiet[0], _nic(4)),), onset_s=2.33, offset_s=7.33),),
+                            nodes_per_unit=STORM_NODES, switch_tx_pause_duration=True,
+                            note="an idle node's NIC pauses its leaf for 5 s: nothing is sent to it"))
+    quiet = _storm_cluster(seed + 5)[2]
+    if quiet:
+        lp = topo.nic(quiet[0], _nic(6))
+        out.append(Scenario("mnf-switch-storm-idle-node", "must_not_fire", seed + 5, STORM_NODES, 0.1, 9.0,
+                            (SwitchPfcStorm(lp.switch, lp.switch_port, onset_s=2.33, offset_s=7.33),
+                             PinnedCounter(quiet[0], _nic(6))),
+                            nodes_per_unit=STORM_NODES, switch_tx_pause_duration=True,
+                            note="a leaf port pauses an idle node's NIC (port_xmit_wait pinned) for 5 s"))
     leaf_port = topo.nic(c, _nic(3))
     out.append(Scenario("mnf-admin-toggle-leaf-100ms", "must_not_fire", seed + 3, STORM_NODES, 0.1, 10.0,
                         (AdminToggle(leaf_port.switch, leaf_port.switch_port, onset_s=2.33, down_s=3.0),),
@@ -431,7 +467,9 @@ def _healthy(cfg: SuiteConfig) -> list[Scenario]:
         seed = cfg.seed + 2000
         out.append(Scenario("healthy-100ms", "healthy", seed, 8, 0.1, cfg.healthy_fast_s,
                             _buggy_jobs(_topology(8, 8, 2), seed, 0.1, cfg.healthy_fast_s),
-                            note="noisy healthy cluster at 0.1 s sampling (PFC-rate), application XIDs, no faults"))
+                            switch_tx_pause_duration=True,
+                            note="noisy healthy cluster at 0.1 s sampling (PFC-rate), application XIDs, no faults; "
+                                 "switches export their TX pause duration"))
     return out
 
 
@@ -491,7 +529,7 @@ def build_suites(cfg: SuiteConfig | None = None) -> list[Scenario]:
     out += [_stragglers(i, s0 + 200 + i) for i in range(cfg.straggler_scenarios)]
     out += [_storm_pair(i, s0 + 300 + i) for i in range(cfg.storm_pair_scenarios)]
     multi = ["two-port-same-leaf", "two-port-diff-leaf", "two-port-same-leaf", "two-port-diff-leaf", "all-port",
-             "no-traffic", "no-traffic", "nic-watchdog-1s"]
+             "switch-port", "switch-port-tx", "nic-watchdog-1s", "switch-port", "switch-port-tx", "pinned-victims"]
     out += [_storm_multi(kind, i, s0 + 400 + i) for i, kind in enumerate(multi)]
     out.append(_storm_long(s0 + 450))
     out += _must_not_fire(s0 + 500)
