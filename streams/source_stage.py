@@ -33,6 +33,7 @@ from fabricwatch.models.findings import Finding
 from fabricwatch.models.frames import LayoutGroup, SourceBatch, layout_groups
 from fabricwatch.models.gpu_faults import GpuFaultDetector
 from fabricwatch.models.health_tracker import HealthTracker
+from fabricwatch.models.link_down import LinkDownDetector
 from fabricwatch.models.link_downgrade import LinkDowngradeDetector
 from fabricwatch.models.link_flap import LinkFlapDetector
 from fabricwatch.models.pfc_storm import PauseStateChange, PfcWatchdog
@@ -90,7 +91,8 @@ class SourceStage:
         self.rates = RateTracker()
         self.downgrade = LinkDowngradeDetector(topology, config.default_nic_rate, config.gpu_busy_utilization_pct,
                                                nominal=facts.nominal)
-        self.detectors = [self.downgrade, LinkFlapDetector(topology), GpuFaultDetector(), UnknownAnomalyDetector()]
+        self.detectors = [self.downgrade, LinkFlapDetector(topology), LinkDownDetector(topology), GpuFaultDetector(),
+                          UnknownAnomalyDetector()]
         self.watchdog = PfcWatchdog(config.pfc_detection_time_ms, config.pfc_restoration_time_ms)
         self.health = HealthTracker(topology=topology, nominal=facts.nominal)
         self.accounting = Accounting("telemetry", config.max_sample_age_s)

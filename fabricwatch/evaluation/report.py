@@ -26,6 +26,7 @@ import numpy as np
 
 from fabricwatch.collectors.faults import GroundTruth
 from fabricwatch.machine import cpu_model, usable_cpus
+from fabricwatch.models.link_down import LINK_DOWN_HOLD_S
 from fabricwatch.models.rates import RateTracker
 from fabricwatch.streams.decode import to_view
 from fabricwatch.streams.events import to_event
@@ -40,7 +41,7 @@ log = logging.getLogger("fabricwatch.eval")
 
 FABRICWATCH, STATIC, HST = "fabricwatch", "static rules", "river HST"
 DETECTORS = (FABRICWATCH, STATIC, HST)
-LABELLED_SUITES = ("fault_mix", "straggler", "pfc_storm", "must_not_fire")
+LABELLED_SUITES = ("fault_mix", "straggler", "pfc_storm", "must_not_fire", "link_down")
 CHUNK_S = 20.0                     # simulated seconds per replay call (bounds memory)
 STEP_TOLERANCE_NS = 10_000_000     # node clocks: +-5 ms
 
@@ -235,6 +236,8 @@ def _bound_s(cls: str, interval_s: float) -> float | None:
         return T_DETECT_S + interval_s if interval_s < T_DETECT_S else None   # judged on 0.1 s sampling only
     if cls in ("link_downgrade", "pcie_downgrade"):
         return interval_s
+    if cls == "link_down":
+        return LINK_DOWN_HOLD_S + 2 * interval_s      # the hold, then a sample or two
     return None
 
 
