@@ -85,6 +85,10 @@ SWITCH_COUNTERS = (
     "interface-transitions", "pfc3-rx-pkts", "pfc3-tx-pkts", "pfc3-rx-pause-duration-us",
     "queue3-transmit-pkts", "queue3-transmit-octets",
 )
+# FEC codewords per switch port (SONiC's SAI names, normalised): a healthy link corrects
+# codewords all the time and loses none.
+SWITCH_FEC_COUNTERS = ("in-fec-correctable-frames", "in-fec-uncorrectable-frames")
+SWITCH_COUNTERS = SWITCH_COUNTERS + SWITCH_FEC_COUNTERS
 SWITCH_PORT_GAUGES = tuple(SWITCH_GAUGES) + ("queue3-occupancy-bytes",)
 
 # The node collector's fast (PFC) group of ethtool -S, as `collectors.ethtool_stats.FAST_PATTERNS`
@@ -1039,6 +1043,11 @@ class ClusterSimulator:
         sv[:, _SC["queue3-transmit-pkts"]] = sv[:, _SC["out-pkts"]] * 0.999
         self._sw.values[:] = sv.astype(np.uint64)
         self._sw_marginal = rng.random(SP) < 0.02
+        # FEC: its own random stream, so that adding it moved no other draw
+        self._fec_rng = np.random.default_rng([self.seed, 0xFEC])
+        self._sp_ber = np.exp(self._fec_rng.normal(np.log(5e-8), 1.0, SP))
+        self._sw.values[:, _SC["in-fec-correctable-frames"]] = np.floor(
+            sw_up * self._sp_nominal_gbps * 1e9 * self._sp_ber).astype(np.uint64)
         self._sw_gauges = np.zeros((SP, len(SWITCH_PORT_GAUGES)))
         # congestion processes
         S = len(self._switches)
@@ -1349,6 +1358,14 @@ class ClusterSimulator:
         sinc[:, sc["pfc3-rx-pause-duration-us"]] = sp_rx_us
         sinc[:, sc["queue3-transmit-pkts"]] = rdma_out_p
         sinc[:, sc["queue3-transmit-octets"]] = rdma_out
+        frng = self._fec_rng
+        line_up = fs.sp_up_frac.copy()
+        line_up[dl] *= fs.up_frac[q]
+        # FEC decodes the line, idle or busy: errored bits at the port's BER, about one per codeword
+        sinc[:, sc["in-fec-correctable-frames"]] = frng.poisson(self._sp_nominal_gbps * 1e9 * dt * line_up * self._sp_ber)
+        fec_lost = np.where(sm, 0.01, 0.0) * dt
+        fec_lost[dl] += fs.fec_unc_rate[q] * dt      # the leaf end of a failing NIC cable loses codewords too
+        sinc[:, sc["in-fec-uncorrectable-frames"]] = frng.poisson(fec_lost)
         self._sw.add(sinc)
         # switch gauges
         sg = self._sw_gauges

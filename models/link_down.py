@@ -16,14 +16,14 @@ How it shares the work with its neighbours (each down belongs to exactly one of 
 * ``link_downgrade`` takes ports that are up but slow; a port that is not up is not its
   business;
 * an operator's doing is no fault: a switch port with ``admin_up`` 0, a port whose cable
-  peer (topology) is such a switch port, a NIC shut on the host (``phys_state``
-  ``3: Disabled`` with no readable netdev speed: the kernel answers EINVAL for an
-  interface that is not running, see ``collectors.sysfs_nic``).
+  peer (topology) is such a switch port, a NIC shut on the host (`link_flap.nic_shut_on_host`:
+  ``phys_state`` ``3: Disabled`` with no readable netdev speed, see ``collectors.sysfs_nic``).
 * a switch port facing a NIC (topology) is left to that NIC's node, which reports its own
   port: a node that reboots or powers off takes its links down too, and only the node
   itself can tell the two apart (a rebooting node sends nothing).
 
-Evidence: how long it has been down; the GPU the NIC serves (topology); NCCL's failover
+Evidence: how long it has been down; codewords the FEC could not correct before it died
+(`fec.FecMemory`); the GPU the NIC serves (topology); NCCL's failover
 to a sibling NIC of the same node, seen as that NIC transmitting about twice the bytes of
 the node's other rails (it carries two rails now): then the job runs on at reduced
 bandwidth (warning), otherwise its collectives on this rail hang (critical).
@@ -53,9 +53,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .detector import PerTick
+from .fec import FecMemory
 from .findings import CRITICAL, OPEN, RESOLVED, UPDATE, WARNING, EntityRef, Evidence, Finding
 from .frames import NIC_PORT, SWITCH_PORT, EntityFrame, FrameStack, LayoutGroup, SourceBatch, SourceView
-from .link_flap import MAX_DOWN_S
+from .link_flap import ACTIVE_STATE, MAX_DOWN_S, nic_shut_on_host
 from .topology import Topology
 
 DETECTOR = "link_down/v1"
@@ -79,8 +80,6 @@ FAILOVER_SMOOTHING_S = 10.0
 FAILOVER_MIN_TX_BYTES_PER_S = 1e8
 # Rails compared with the candidate: at least this many other up NICs on the node.
 FAILOVER_MIN_REFERENCE_NICS = 2
-ACTIVE_STATE = "4"          # sysfs `state` "4: ACTIVE"
-DISABLED_PHYS_STATE = "3"   # sysfs `phys_state` "3: Disabled": the port is shut, not failing to train
 
 
 @dataclass
@@ -116,6 +115,7 @@ class LinkDownDetector(PerTick):
     _seen_ids: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict, repr=False)
     _admin_down: set[tuple[str, str]] = field(default_factory=set, repr=False)   # switch ports shut by an operator
     _failover: dict[str, _Failover] = field(default_factory=dict, repr=False)
+    fec: FecMemory = field(default_factory=FecMemory, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("hold_s", "up_hold_s"):
@@ -129,7 +129,9 @@ class LinkDownDetector(PerTick):
 
     def update_batch(self, batch: SourceBatch) -> list[Finding]:
         """Records whose ports all read up, with nothing remembered of the source, only note
-        that the ports were seen up; anything else goes tick by tick."""
+        that the ports were seen up; anything else goes tick by tick. FEC errors are noted
+        on every record (`fec.FecMemory`)."""
+        self.fec.note(batch)
         busy = False
         for stack in batch.stacks:
             if self.reads(stack.kind, stack.counter_names, stack.gauge_names, tuple(stack.labels)):
@@ -202,10 +204,7 @@ class LinkDownDetector(PerTick):
         down = has & np.array([not s.startswith(ACTIVE_STATE) for s in state])
         operator = np.zeros(len(frame.ids), dtype=bool)
         if down.any():
-            if "netdev_speed_mbps" in frame.gauge_names:
-                phys = frame.label("phys_state")
-                shut = np.array([p.startswith(DISABLED_PHYS_STATE) for p in phys])
-                operator |= down & shut & np.isnan(frame.gauge("netdev_speed_mbps"))
+            operator |= down & nic_shut_on_host(frame)
             if self.topology is not None and self._admin_down:
                 for i in np.flatnonzero(down).tolist():
                     nic = self.topology.nic(view.source, frame.ids[i])
@@ -305,6 +304,7 @@ class LinkDownDetector(PerTick):
         if nic is not None:
             f.evidence.append(Evidence("gpu_index", float(nic.gpu_index), 0, "index",
                                        f"GPU {nic.gpu_index} of {view.source} reaches the fabric through this NIC"))
+        f.evidence += self.fec.evidence(view.source, frame.ids[i], view.time_ns)
         episode.failover = failover[0] if failover else ""
         where = f"{view.source} {frame.ids[i]}"
         if failover:

@@ -211,3 +211,30 @@ def test_operators_reboots_and_flaps_are_not_link_down():
     flapped = topo.nic("node-0004", "mlx5_6/1")
     assert {(f.kind, f.entity.path()) for f in out if f.state == OPEN} == {
         ("link_flap", "c1/node-0004/mlx5_6/1"), ("link_flap", f"c1/{flapped.switch}/{flapped.switch_port}")}
+
+
+def test_simulated_link_that_lost_codewords_before_dying_says_so():
+    _, _, out = simulate([LinkDown("node-0003", "mlx5_2/1", onset_s=40.5, fec_warning_s=20.0)], seconds=80)
+    opened = [f for f in out if f.state == OPEN]
+    assert [f.kind for f in opened] == ["link_down"]
+    ev = {e.name: e.value for e in opened[0].evidence}
+    assert ev["fec_uncorrectable"] >= 20
+
+
+def test_healthy_links_correct_codewords_and_lose_none():
+    topo = rail_optimised("c1", n_nodes=4, nodes_per_unit=4, n_spines=2)
+    sim = ClusterSimulator(topo, seed=2)
+    first, last = sim.tick(), sim.run(20)[-1]
+    def fec(snaps, name):
+        out = []
+        for s in snaps:
+            for b in s.blocks:
+                if name in b.counter_names:
+                    m = np.array(b.counters).reshape(len(b.entity_ids), -1)
+                    out += m[:, list(b.counter_names).index(name)].tolist()
+        return np.array(out, dtype=float)
+    corrected = fec(last, "in-fec-correctable-frames") - fec(first, "in-fec-correctable-frames")
+    lost = fec(last, "in-fec-uncorrectable-frames") - fec(first, "in-fec-uncorrectable-frames")
+    assert (corrected > 0).mean() > 0.9 and (lost > 0).mean() < 0.1
+    _, _, out = simulate([], seconds=40)
+    assert out == []
