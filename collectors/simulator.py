@@ -865,7 +865,8 @@ class ClusterSimulator:
                 carrier[list(fs.carrier)] = list(fs.carrier.values())
                 src_c, dst_c = carrier[self._f_src], carrier[self._f_dst]
                 moved = (src_c != self._f_src) | (dst_c != self._f_dst)
-                f_pass[moved] = (fs.up_frac[src_c] * fs.up_frac[dst_c] * np.minimum(fs.cap_ratio[src_c], fs.cap_ratio[dst_c]))[moved]
+                both = fs.up_frac[src_c] * fs.up_frac[dst_c] * np.minimum(fs.cap_ratio[src_c], fs.cap_ratio[dst_c])
+                f_pass[moved] = both[moved]
             np.minimum.at(fs.job_fault_speed, self._f_job, f_pass)
         for j in failover_jobs:     # one NIC carries two rails: that rail's collectives take twice as long
             fs.job_fault_speed[j] = min(fs.job_fault_speed[j], FAILOVER_COMM_SPEED)
@@ -1362,7 +1363,8 @@ class ClusterSimulator:
         line_up = fs.sp_up_frac.copy()
         line_up[dl] *= fs.up_frac[q]
         # FEC decodes the line, idle or busy: errored bits at the port's BER, about one per codeword
-        sinc[:, sc["in-fec-correctable-frames"]] = frng.poisson(self._sp_nominal_gbps * 1e9 * dt * line_up * self._sp_ber)
+        errored_bits = self._sp_nominal_gbps * 1e9 * dt * line_up * self._sp_ber
+        sinc[:, sc["in-fec-correctable-frames"]] = frng.poisson(errored_bits)
         fec_lost = np.where(sm, 0.01, 0.0) * dt
         fec_lost[dl] += fs.fec_unc_rate[q] * dt      # the leaf end of a failing NIC cable loses codewords too
         sinc[:, sc["in-fec-uncorrectable-frames"]] = frng.poisson(fec_lost)
@@ -1650,18 +1652,19 @@ class ClusterSimulator:
             elif isinstance(f, (LinkDown, NicAdminDown)):
                 p = self._p_key[(f.node, f.nic)]
                 j = self._node_job[self._p_node[p]]
+                leaf = port_path(self._switches[self._p_switch[p]], self._sp_name[self._p_sp[p]])
                 detail = {"down_s": None if f.offset_s == INF else f.offset_s - f.onset_s}
                 if isinstance(f, LinkDown):
                     q = self._failover_port(f, p) if f.failover and j >= 0 else None
                     detail.update(failover_nic=self._p_eid[q] if q is not None else "", fec_warning_s=f.fec_warning_s)
                 out.append(GroundTruth(f.kind, nic_path(f.node, f.nic), self._ns(f.onset_s), self._ns(f.offset_s),
-                                       victims=(f"job/{self._jobs[j].job.job_id}",) if j >= 0 else (),
-                                       related=(port_path(self._switches[self._p_switch[p]], self._sp_name[self._p_sp[p]]),),
+                                       victims=(f"job/{self._jobs[j].job.job_id}",) if j >= 0 else (), related=(leaf,),
                                        expect_alert=isinstance(f, LinkDown), detail=detail))
             elif isinstance(f, SwitchLinkDown):
                 peer = self._sp_peer_sp[self._sp_key[(f.switch, f.port)]]
+                far = port_path(self._switches[self._sp_switch[peer]], self._sp_name[peer])
                 out.append(GroundTruth(f.kind, port_path(f.switch, f.port), self._ns(f.onset_s), self._ns(f.offset_s),
-                                       related=(port_path(self._switches[self._sp_switch[peer]], self._sp_name[peer]),)))
+                                       related=(far,)))
         return out
 
 

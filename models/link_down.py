@@ -354,7 +354,8 @@ class LinkDownDetector(PerTick):
         dt_s = (view.time_ns - state.last_ns) / 1e9
         a = 1.0 - np.exp(-max(dt_s, 0.0) / FAILOVER_SMOOTHING_S)
         fresh = np.isfinite(rate)
-        state.tx = np.where(fresh & np.isnan(state.tx), rate, np.where(fresh, state.tx + a * (rate - state.tx), state.tx))
+        smoothed = np.where(fresh, state.tx + a * (rate - state.tx), state.tx)
+        state.tx = np.where(fresh & np.isnan(state.tx), rate, smoothed)
         state.last_ns = view.time_ns
 
     def _failover_of(self, view: SourceView, frame: EntityFrame, i: int) -> tuple[str, float] | None:

@@ -176,8 +176,9 @@ def simulate(faults, seconds, seed=4):
 
 def test_simulated_dead_nic_link_with_failover_names_the_pcie_sibling():
     _, sim, out = simulate([LinkDown("node-0003", "mlx5_2/1", onset_s=20.5, offset_s=100.5)], seconds=120)
+    nic = "c1/node-0003/mlx5_2/1"
     assert [(f.kind, f.state, f.entity.path(), f.severity) for f in out] == [
-        ("link_down", OPEN, "c1/node-0003/mlx5_2/1", WARNING), ("link_down", RESOLVED, "c1/node-0003/mlx5_2/1", WARNING)]
+        ("link_down", OPEN, nic, WARNING), ("link_down", RESOLVED, nic, WARNING)]
     ev = {e.name: e for e in out[0].evidence}
     assert ev["failover_nic"].detail.startswith("mlx5_3/1")
     assert sim.ground_truth()[0].detail["failover_nic"] == "mlx5_3/1"
@@ -238,3 +239,16 @@ def test_healthy_links_correct_codewords_and_lose_none():
     assert (corrected > 0).mean() > 0.9 and (lost > 0).mean() < 0.1
     _, _, out = simulate([], seconds=40)
     assert out == []
+
+
+def test_at_the_collectors_real_cadence_pfc_only_ticks_change_nothing():
+    from fabricwatch.collectors.simulator import COLLECTOR_CADENCE
+    topo = rail_optimised("c1", n_nodes=4, nodes_per_unit=4, n_spines=2)
+    sim = ClusterSimulator(topo, seed=3, cadence=COLLECTOR_CADENCE,
+                           faults=[LinkDown("node-0002", "mlx5_5/1", onset_s=10.55, offset_s=60.55)])
+    pipeline = DetectionPipeline(topology=topo)
+    found = [f for snaps in sim.run(80.0) for snap in snaps for f in pipeline.process(snap)]
+    mine = [(f.state, f.entity.path()) for f in found if f.kind in ("link_down", "link_flap")]
+    assert mine == [(OPEN, "c1/node-0002/mlx5_5/1"), (RESOLVED, "c1/node-0002/mlx5_5/1")]
+    opened = next(f for f in found if f.kind == "link_down")
+    assert 40.0 <= (opened.detected_ns - sim.start_unix_ns) / 1e9 <= 43.0

@@ -567,8 +567,8 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
     for name, value, ok in _targets(scores):
         add(f"| {name} | {value} | {_verdict(ok)} |")
     add("")
-    add("Precision, recall and F1 are over the labelled suites (fault mix, stragglers, PFC storms and the "
-        "must-not-fire cases); false alarms per node-hour are over the healthy runs only. Numbers that fall "
+    add("Precision, recall and F1 are over the labelled suites (fault mix, stragglers, PFC storms, dead "
+        "links and the must-not-fire cases); false alarms per node-hour are over the healthy runs only. Numbers that fall "
         "short are reported as they are.")
     add("")
     add("## Per fault class")
@@ -578,8 +578,8 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
         "during must-not-fire faults and storms named on a victim. Delay: p50 / p95 of "
         "`detected - onset` over the TPs (stragglers also in training steps). Within bound: TPs within the "
         "class's delay target (storms: T_detect + 100 ms, judged on the 0.1 s suites; downgrades: one sampling "
-        "interval; stragglers: 3 steps). Healthy FP: alarms of that class on the healthy runs (per 1000 "
-        "node-hours).")
+        "interval; link down: its 30 s hold + 2 intervals; stragglers: 3 steps). Healthy FP: alarms of that "
+        "class on the healthy runs (per 1000 node-hours).")
     add("")
     all_classes = list(FAULT_CLASSES) + sorted({c for d in detectors for c in scores.classes[d]} - set(FAULT_CLASSES))
     for c in all_classes:
