@@ -494,6 +494,10 @@ def _targets(scores: Scores) -> list[tuple[str, str, bool | str | None]]:
         n, k = len(s.within_bound), sum(s.within_bound)
         out.append((f"{label} flagged within one sample", f"{k}/{n} detected within one sampling interval"
                     if n else "none detected", (k == n) if n else None))
+    s = fw.get("link_down", ClassScore())
+    n, k = len(s.within_bound), sum(s.within_bound)
+    out.append((f"Link down flagged within its hold ({LINK_DOWN_HOLD_S:g} s) + two samples",
+                f"{k}/{n} detected within the bound" if n else "none detected", (k == n) if n else None))
     s = fw.get("straggler", ClassScore())
     n, k = len(s.within_bound), sum(s.within_bound)
     worst = max(s.delay_steps) if s.delay_steps else None
@@ -713,8 +717,8 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
         "ECC with XID 48/94/95 on that GPU) are counted as explained, not as FPs.")
     add(f"* Static rules and river HST: `fabricwatch/evaluation/baselines.py` (module docstring): "
         f"Prometheus-style thresholds (pause frames > 10 000/s for 1m, speed < nominal, step time > 1.2x job "
-        f"median, link_downed increase, PCIe width < max, any XID, ECC DBE increase); HST with river defaults "
-        f"behind MinMaxScaler, one model per entity kind (NIC ports, switch ports) and per job (ranks), "
+        f"median, link_downed increase, link dead (no carrier / oper down, admin up) for 1m, PCIe width < max, "
+        f"any XID, ECC DBE increase); HST with river defaults behind MinMaxScaler, one model per entity kind (NIC ports, switch ports) and per job (ranks), "
         f"flag at score >= {HST_THRESHOLD}, class from the most deviant feature.")
     add("")
     add("## Notes and caveats")
