@@ -252,3 +252,46 @@ def test_at_the_collectors_real_cadence_pfc_only_ticks_change_nothing():
     assert mine == [(OPEN, "c1/node-0002/mlx5_5/1"), (RESOLVED, "c1/node-0002/mlx5_5/1")]
     opened = next(f for f in found if f.kind == "link_down")
     assert 40.0 <= (opened.detected_ns - sim.start_unix_ns) / 1e9 <= 43.0
+
+
+# -- the simulator's phenomena --------------------------------------------------------------------
+
+def _nic_block(snaps, node):
+    snap = next(s for s in snaps if s.source == node)
+    b = next(b for b in snap.blocks if "state" in {c.name for c in b.labels})
+    counters = np.array(b.counters, dtype=float).reshape(len(b.entity_ids), -1)
+    gauges = np.array(b.gauges, dtype=float).reshape(len(b.entity_ids), -1)
+    labels = {c.name: list(c.values) for c in b.labels}
+    return (list(b.entity_ids), counters[:, list(b.counter_names).index("port_xmit_data")] * 4,
+            gauges[:, list(b.gauge_names).index("netdev_speed_mbps")], labels)
+
+
+def test_simulator_failover_sibling_carries_two_rails_and_no_failover_stalls_the_job():
+    topo = rail_optimised("c1", n_nodes=4, nodes_per_unit=4, n_spines=2)
+    sim = ClusterSimulator(topo, seed=1, faults=[LinkDown("node-0002", "mlx5_4/1", onset_s=5.5)])
+    ticks = sim.run(40)
+    ids, before, _, _ = _nic_block(ticks[9], "node-0002")
+    _, after, speed, labels = _nic_block(ticks[-1], "node-0002")
+    sent = after - before
+    k, sib = ids.index("mlx5_4/1"), ids.index("mlx5_5/1")
+    others = np.median([sent[j] for j in range(len(ids)) if j not in (k, sib)])
+    assert sent[k] == 0 and 1.8 <= sent[sib] / others <= 2.2
+    assert labels["state"][k] == DOWN and labels["phys_state"][k] == "2: Polling" and speed[k] == -1
+    assert sim.ground_truth()[0].detail["failover_nic"] == "mlx5_5/1"
+
+    def steps(faults):
+        run = ClusterSimulator(topo, seed=1, faults=faults)
+        run.run(10)
+        return sum(len(s.rank_steps) for snaps in run.run(30) for s in snaps if s.source == "node-0002")
+    assert steps([]) > 0
+    assert steps([LinkDown("node-0002", "mlx5_4/1", onset_s=5.5, failover=False)]) == 0     # the job hangs
+    assert steps([LinkDown("node-0002", "mlx5_4/1", onset_s=5.5)]) > 0                      # it runs on, slower
+
+
+def test_simulator_nic_shut_on_host_reads_disabled_without_speed():
+    topo = rail_optimised("c1", n_nodes=4, nodes_per_unit=4, n_spines=2)
+    sim = ClusterSimulator(topo, seed=1, faults=[NicAdminDown("node-0003", "mlx5_1/1", onset_s=2.5, down_s=10.0)])
+    ids, _, speed, labels = _nic_block(sim.run(5)[-1], "node-0003")
+    k = ids.index("mlx5_1/1")
+    assert labels["phys_state"][k] == "3: Disabled" and math.isnan(speed[k])
+    assert sim.ground_truth()[0].expect_alert is False
