@@ -15,9 +15,10 @@ an up link is not normal: it is a lost frame, and sonic-mgmt's
   aFECUncorrectableBlocks.
 
 What a port showed within ``FEC_MEMORY_S`` is kept (only ports with something to show
-cost memory) and given as `Evidence` on a `link_down` / `link_flap` of that port: a link
-that dies after losing codewords died of its cable or optics. No finding is made on FEC
-alone.
+cost memory) and given as `Evidence` on a `link_down`, `link_flap` or `link_downgrade` of
+that port: a link that dies, flaps or retrains slower after losing codewords suffers from
+its cable or optics. No finding is made on FEC alone. The stage's link detectors share one
+memory; each notes every record, and a record is noted once.
 
 >>> import numpy as np
 >>> from fabricwatch.models.frames import FrameStack, SourceBatch
@@ -62,9 +63,15 @@ class FecMemory:
     """Per port: uncorrectable codewords and the worst pre-FEC BER seen recently."""
     memory_s: float = FEC_MEMORY_S
     _ports: dict[tuple[str, str], _Seen] = field(default_factory=dict, repr=False)
+    _noted_ns: dict[str, int] = field(default_factory=dict, repr=False)   # source -> newest tick noted
 
     def note(self, batch: SourceBatch) -> None:
-        """Remember what the ticks of ``batch`` carry (a few array operations per stack)."""
+        """Remember what the ticks of ``batch`` carry (a few array operations per stack). The
+        detectors that share one memory each call it; a record is noted once."""
+        newest = int(batch.times_ns[-1])
+        if self._noted_ns.get(batch.source, newest - 1) >= newest:
+            return
+        self._noted_ns[batch.source] = newest
         for stack in batch.stacks:
             if stack.rates is not None and stack.dt_s is not None:
                 self._note(batch.source, stack)

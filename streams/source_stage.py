@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fabricwatch import metrics
+from fabricwatch.models.fec import FecMemory
 from fabricwatch.models.findings import Finding
 from fabricwatch.models.frames import LayoutGroup, SourceBatch, layout_groups
 from fabricwatch.models.gpu_faults import GpuFaultDetector
@@ -89,10 +90,11 @@ class SourceStage:
         self.stream = f"{topic}/{partition}"
         self.streams = tuple(f"{topic}/{i}" for i in range(partitions))
         self.rates = RateTracker()
+        fec = FecMemory()       # one per stage: the link detectors share its evidence
         self.downgrade = LinkDowngradeDetector(topology, config.default_nic_rate, config.gpu_busy_utilization_pct,
-                                               nominal=facts.nominal)
-        self.detectors = [self.downgrade, LinkFlapDetector(topology), LinkDownDetector(topology), GpuFaultDetector(),
-                          UnknownAnomalyDetector()]
+                                               nominal=facts.nominal, fec=fec)
+        self.detectors = [self.downgrade, LinkFlapDetector(topology, fec=fec), LinkDownDetector(topology, fec=fec),
+                          GpuFaultDetector(), UnknownAnomalyDetector()]
         self.watchdog = PfcWatchdog(config.pfc_detection_time_ms, config.pfc_restoration_time_ms)
         self.health = HealthTracker(topology=topology, nominal=facts.nominal)
         self.accounting = Accounting("telemetry", config.max_sample_age_s)

@@ -295,3 +295,21 @@ def test_simulator_nic_shut_on_host_reads_disabled_without_speed():
     k = ids.index("mlx5_1/1")
     assert labels["phys_state"][k] == "3: Disabled" and math.isnan(speed[k])
     assert sim.ground_truth()[0].expect_alert is False
+
+
+def test_one_fec_memory_shared_by_the_link_detectors_counts_a_record_once():
+    from fabricwatch.models.fec import FecMemory
+    from fabricwatch.models.frames import FrameStack
+    from fabricwatch.models.link_downgrade import LinkDowngradeDetector
+    from fabricwatch.models.link_flap import LinkFlapDetector
+    fec = FecMemory()
+    detectors = [LinkDowngradeDetector(fec=fec), LinkFlapDetector(fec=fec), LinkDownDetector(fec=fec)]
+    for t in (1, 2):
+        s = FrameStack("nic_port", ("mlx5_0/1",), ("rx_pcs_symbol_err_phy", "rx_corrected_bits_phy", "rx_bits_phy"),
+                       (), np.array([0]), np.zeros((1, 1, 3), np.uint64), np.empty((1, 1, 0)))
+        s.rates, s.dt_s = np.array([[[2.0, 1e7, 4e11]]]), np.array([1.0])   # healthy BER 2.5e-5, 2 lost
+        batch = SourceBatch("c1", "node-1", "node", np.array([t * 1_000_000_000]), [s])
+        for d in detectors:
+            d.update_batch(batch)
+    assert [(e.name, e.value) for e in fec.evidence("node-1", "mlx5_0/1", 3_000_000_000)] == [("fec_uncorrectable", 4.0)]
+    assert fec.evidence("node-1", "mlx5_0/1", 700_000_000_000) == []              # forgotten after the memory
