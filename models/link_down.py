@@ -25,8 +25,9 @@ How it shares the work with its neighbours (each down belongs to exactly one of 
 Evidence: how long it has been down; codewords the FEC could not correct before it died
 (`fec.FecMemory`); the GPU the NIC serves (topology); NCCL's failover
 to a sibling NIC of the same node, seen as that NIC transmitting about twice the bytes of
-the node's other rails (it carries two rails now): then the job runs on at reduced
-bandwidth (warning), otherwise its collectives on this rail hang (critical).
+the node's other rails (it carries two rails now), or traffic that carries on over the other
+rails: then the job runs on at reduced bandwidth (warning); otherwise the node's rails are
+quiet, its collectives hang (critical).
 
 Only what a tick carries is judged: a NIC tick without a ``state`` label (a PFC-only tick)
 or a switch tick without ``oper_up`` says nothing; samples further apart than
@@ -93,7 +94,7 @@ class _Down:
 class _Episode:
     finding: Finding
     up_since_ns: int | None = None
-    failover: str = ""
+    failover: str | None = None     # the sibling, "" for traffic spread over the other rails, None for none
 
 
 @dataclass
@@ -289,7 +290,7 @@ class LinkDownDetector(PerTick):
         if frame.kind != NIC_PORT:
             return []
         failover = self._failover_of(view, frame, i)
-        if (failover[0] if failover else "") == episode.failover:
+        if (failover[0] if failover else None) == episode.failover:
             return []
         self._describe(view, frame, i, episode, failover)
         return [self._emit(episode.finding, UPDATE, view.time_ns)]
@@ -305,23 +306,33 @@ class LinkDownDetector(PerTick):
             f.evidence.append(Evidence("gpu_index", float(nic.gpu_index), 0, "index",
                                        f"GPU {nic.gpu_index} of {view.source} reaches the fabric through this NIC"))
         f.evidence += self.fec.evidence(view.source, frame.ids[i], view.time_ns)
-        episode.failover = failover[0] if failover else ""
+        episode.failover = failover[0] if failover else None
         where = f"{view.source} {frame.ids[i]}"
         if failover:
             sibling, ratio = failover
-            f.evidence.append(Evidence("failover_nic", round(ratio, 3), FAILOVER_TX_RATIO, "x",
-                                       f"{sibling} transmits {ratio:.2f}x the bytes of the node's other rails"))
+            if sibling:
+                f.evidence.append(Evidence("failover_nic", round(ratio, 3), FAILOVER_TX_RATIO, "x",
+                                           f"{sibling} transmits {ratio:.2f}x the bytes of the node's other rails"))
+                f.summary = f"{where} is down; NCCL failed over to {sibling}, which now carries two rails"
+            else:
+                f.evidence.append(Evidence("failover_spread", round(ratio, 3), FAILOVER_TX_RATIO, "x",
+                                           "no sibling carries two rails, but the node's other rails carry on: "
+                                           "the traffic moved to them (or the job does not use this rail)"))
+                f.summary = f"{where} is down; the node's other rails carry on"
             f.severity = WARNING
-            f.summary = f"{where} is down; NCCL failed over to {sibling}, which now carries two rails"
             f.probable_cause = "dead link (cable, transceiver or peer port); traffic failed over, bandwidth reduced"
             f.suggested_action = "replace the cable or transceiver; drain the node after the job"
-        else:
+        elif frame.kind == NIC_PORT:
             f.severity = CRITICAL
-            f.summary = f"{where} has been down for {down_s:.0f} s" + (
-                "; no sibling NIC took over its traffic" if frame.kind == NIC_PORT else "")
+            f.summary = (f"{where} has been down for {down_s:.0f} s; the node's rails are quiet: "
+                         "no NIC took over its traffic")
             f.probable_cause = "dead link: cable, transceiver or peer port"
-            f.suggested_action = ("replace the cable or transceiver; jobs using this rail hang: drain the node"
-                                  if frame.kind == NIC_PORT else "replace the cable or optics of this switch link")
+            f.suggested_action = "replace the cable or transceiver; jobs using this rail hang: drain the node"
+        else:   # a switch-to-switch link is one of several ECMP paths: traffic reroutes, capacity drops
+            f.severity = WARNING
+            f.summary = f"{where} has been down for {down_s:.0f} s; traffic reroutes over the other links"
+            f.probable_cause = "dead link: cable or optics of this switch link, or the peer port"
+            f.suggested_action = "replace the cable or optics of this switch link"
 
     @staticmethod
     def _emit(f: Finding, state: str, now_ns: int) -> Finding:
@@ -347,19 +358,20 @@ class LinkDownDetector(PerTick):
         """Smoothed transmit bytes/s of every NIC of the node while one of them is down."""
         rate = frame.rate("port_xmit_data")
         state = self._failover.get(view.source)
+        dt_s = float(frame.dt_s) if np.isfinite(frame.dt_s) else 1.0
         if state is None or state.ids != frame.ids or view.time_ns - state.last_ns > MAX_SAMPLE_GAP_S * 1e9:
-            state = self._failover[view.source] = _Failover(frame.ids, np.where(np.isfinite(rate), rate, np.nan),
-                                                            view.time_ns)
-            return
-        dt_s = (view.time_ns - state.last_ns) / 1e9
+            # from 0: what the rails carried before the down fades out of the average
+            state = self._failover[view.source] = _Failover(frame.ids, np.zeros(len(frame.ids)), view.time_ns)
         a = 1.0 - np.exp(-max(dt_s, 0.0) / FAILOVER_SMOOTHING_S)
         fresh = np.isfinite(rate)
-        smoothed = np.where(fresh, state.tx + a * (rate - state.tx), state.tx)
-        state.tx = np.where(fresh & np.isnan(state.tx), rate, smoothed)
+        state.tx = np.where(fresh, state.tx + a * (rate - state.tx), state.tx)
         state.last_ns = view.time_ns
 
     def _failover_of(self, view: SourceView, frame: EntityFrame, i: int) -> tuple[str, float] | None:
-        """(sibling, its bytes over the median of the other up rails) when a sibling carries two rails."""
+        """(sibling, its bytes over the median of the other up rails) when a sibling carries two rails;
+        ("", that ratio) when none does but the other rails carry on (NCCL spread the traffic: with
+        a dead rail and no failover a collective blocks, and every rail of the node goes quiet);
+        None when the node's rails are quiet."""
         state = self._failover.get(view.source)
         if state is None or state.ids != frame.ids:
             return None
@@ -373,4 +385,4 @@ class LinkDownDetector(PerTick):
         if not reference >= FAILOVER_MIN_TX_BYTES_PER_S:
             return None
         ratio = float(state.tx[k]) / reference
-        return (frame.ids[k], ratio) if ratio >= FAILOVER_TX_RATIO else None
+        return (frame.ids[k] if ratio >= FAILOVER_TX_RATIO else "", ratio)

@@ -128,13 +128,23 @@ def test_failover_to_a_sibling_that_carries_two_rails_is_a_warning_with_the_sibl
     assert "failed over" in out[0].summary
 
 
-def test_no_failover_then_late_failover_updates_to_warning():
+def test_a_hung_node_is_critical_until_a_late_failover_makes_it_a_warning():
     det = LinkDownDetector()
-    views = [nic(0, [UP] * 4, tx=[10e9] * 4)]
-    views += [nic(t, [UP, DOWN, UP, UP], tx=[10e9, 0.0, 10e9, 10e9]) for t in range(1, 40)]
+    views = [nic(0, [UP] * 4, tx=[10e9] * 4), nic(1, [UP, DOWN, UP, UP], tx=[5e9, 0.0, 5e9, 5e9])]
+    views += [nic(t, [UP, DOWN, UP, UP], tx=[0.0] * 4) for t in range(2, 40)]          # the collective blocks
     views += [nic(t, [UP, DOWN, UP, UP], tx=[10e9, 0.0, 20e9, 10e9]) for t in range(40, 80)]
     out = run(det, views, batches=False)
     assert [(f.state, f.severity) for f in out] == [(OPEN, CRITICAL), (UPDATE, WARNING)]
+    assert "failover_nic" in {e.name for e in out[1].evidence}
+
+
+def test_traffic_spread_over_the_other_rails_is_a_warning():
+    det = LinkDownDetector()
+    views = [nic(0, [UP] * 4, tx=[10e9] * 4)]
+    views += [nic(t, [UP, DOWN, UP, UP], tx=[13e9, 0.0, 13e9, 13e9]) for t in range(1, 40)]
+    out = run(det, views, batches=False)
+    assert [(f.state, f.severity) for f in out] == [(OPEN, WARNING)]
+    assert {e.name for e in out[0].evidence} >= {"failover_spread"}
 
 
 def test_uneven_traffic_or_an_idle_node_is_no_failover():
@@ -147,7 +157,7 @@ def test_switch_link_down_with_admin_up_opens_admin_down_never():
     det = LinkDownDetector()
     views = [switch(0, [1, 1], [1, 1])] + [switch(t, [0, 0], [1, 0]) for t in range(1, 40)]
     out = run(det, views)
-    assert [(f.state, f.entity.path()) for f in out] == [(OPEN, "c1/spine-0/Ethernet1")]
+    assert [(f.state, f.entity.path(), f.severity) for f in out] == [(OPEN, "c1/spine-0/Ethernet1", WARNING)]
     assert run(det, [switch(t, [1, 0], [1, 0]) for t in range(40, 60)])[0].state == RESOLVED
 
 
