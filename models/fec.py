@@ -49,6 +49,17 @@ PRE_FEC_BER_LIMIT = 2.4e-4
 FEC_MEMORY_S = 600.0
 # Ports remembered at most (bounded state; the oldest go first).
 MAX_PORTS = 100_000
+MAX_LAYOUTS = 4096
+
+# counter names of a block layout -> (uncorrectable columns, corrected-bits column, bits column)
+_LAYOUTS: dict[tuple[str, ...], tuple[list[int], int | None, int | None]] = {}
+
+
+def _layout(names: tuple[str, ...]) -> tuple[list[int], int | None, int | None]:
+    cols = [j for j, n in enumerate(names) if n in UNCORRECTABLE_COUNTERS]
+    corrected = names.index("rx_corrected_bits_phy") if "rx_corrected_bits_phy" in names else None
+    bits = names.index("rx_bits_phy") if "rx_bits_phy" in names else None
+    return cols, (corrected if bits is not None else None), bits
 
 
 @dataclass
@@ -77,21 +88,19 @@ class FecMemory:
                 self._note(batch.source, stack)
 
     def _note(self, source: str, stack: FrameStack) -> None:
-        cols = [j for j, n in enumerate(stack.counter_names) if n in UNCORRECTABLE_COUNTERS]
-        corrected, bits = stack.column("rx_corrected_bits_phy"), stack.column("rx_bits_phy")
-        if not cols and (corrected is None or bits is None):
+        layout = _LAYOUTS.get(stack.counter_names)
+        if layout is None:
+            if len(_LAYOUTS) >= MAX_LAYOUTS:
+                _LAYOUTS.clear()
+            layout = _LAYOUTS[stack.counter_names] = _layout(stack.counter_names)
+        cols, corrected, bits = layout
+        if not cols and corrected is None:
             return                                   # a layout without FEC counters (PFC-only ticks)
-        dt = np.nan_to_num(stack.dt_s)[:, None]
-        lost = (np.nan_to_num(stack.rates[:, :, cols]).sum(axis=2) * dt) if cols else None
-        ber = None
-        if corrected is not None and bits is not None:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                ber = np.nan_to_num(stack.rates[:, :, corrected] / stack.rates[:, :, bits])
-        hit = np.zeros(stack.rates.shape[:2], dtype=bool)
-        if lost is not None:
-            hit |= lost > 0
-        if ber is not None:
-            hit |= ber > PRE_FEC_BER_LIMIT
+        rates = stack.rates
+        lost = rates[:, :, cols].sum(axis=2) * stack.dt_s[:, None] if cols else None
+        hit = lost > 0 if lost is not None else np.zeros(rates.shape[:2], dtype=bool)   # NaN compares False
+        if corrected is not None:
+            hit |= rates[:, :, corrected] > PRE_FEC_BER_LIMIT * rates[:, :, bits]
         if not hit.any():
             return
         for k, i in zip(*np.nonzero(hit)):
@@ -102,8 +111,10 @@ class FecMemory:
                 if seen is None and len(self._ports) >= MAX_PORTS:
                     self._ports.pop(next(iter(self._ports)))
                 seen = self._ports[key] = _Seen()
-            seen.uncorrectable += float(lost[k, i]) if lost is not None else 0.0
-            seen.worst_ber = max(seen.worst_ber, float(ber[k, i]) if ber is not None else 0.0)
+            if lost is not None and lost[k, i] > 0:
+                seen.uncorrectable += float(lost[k, i])
+            if corrected is not None and rates[k, i, bits] > 0:
+                seen.worst_ber = max(seen.worst_ber, float(rates[k, i, corrected] / rates[k, i, bits]))
             seen.last_ns = now
 
     def evidence(self, source: str, entity_id: str, now_ns: int) -> list[Evidence]:
