@@ -494,9 +494,76 @@ class PinnedCounter:
         _check_times(self.onset_s, self.offset_s)
 
 
+@dataclass(frozen=True)
+class LinkDown:
+    """A NIC link that goes down and stays down (a dead transceiver, a broken cable).
+
+    While down: ``state`` "1: DOWN", ``phys_state`` "2: Polling" (the port keeps trying to
+    train), ``netdev_speed_mbps`` -1, no traffic; ``link_downed`` +1 at the onset; the leaf
+    port reads ``oper_up`` 0 with ``admin_up`` 1. ``failover``: after ``failover_after_s``
+    NCCL moves the rail's traffic to ``failover_nic`` (default: the NIC of the next rail on
+    the node), which then carries two rails while the job's collectives run at half speed;
+    without failover the job hangs until the link is back. ``fec_warning_s`` > 0: the
+    failing link shows post-FEC symbol errors (uncorrectable codewords) for that long first.
+    """
+    node: str
+    nic: str
+    onset_s: float
+    offset_s: float = INF
+    failover: bool = True
+    failover_nic: str = ""
+    failover_after_s: float = 8.0
+    fec_warning_s: float = 0.0
+    kind = "link_down"
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.offset_s)
+        if not self.failover_after_s >= 0 or not self.fec_warning_s >= 0:
+            raise ValueError("failover_after_s and fec_warning_s must be >= 0")
+
+
+@dataclass(frozen=True)
+class SwitchLinkDown:
+    """A switch-to-switch link (a leaf uplink) that goes down and stays down, admin up.
+
+    Both ends read ``oper_up`` 0 (``admin_up`` 1), ``interface-transitions`` +1 at each end
+    at the onset and at the offset; flows reroute over the other spines.
+    """
+    switch: str
+    port: str
+    onset_s: float
+    offset_s: float = INF
+    kind = "link_down"
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.offset_s)
+
+
+@dataclass(frozen=True)
+class NicAdminDown:
+    """An operator shuts a NIC on its host (``ip link set <if> down``) for ``down_s``: no fault.
+
+    ``state`` "1: DOWN", ``phys_state`` "3: Disabled", ``netdev_speed_mbps`` NaN (the kernel
+    answers EINVAL for an interface that is not running); the leaf port reads oper down,
+    admin up. The node's job (if any) hangs on that rail meanwhile.
+    """
+    node: str
+    nic: str
+    onset_s: float
+    down_s: float = 120.0
+    kind = "nic_admin_down"
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.onset_s + self.down_s)
+
+    @property
+    def offset_s(self) -> float:
+        return self.onset_s + self.down_s
+
+
 Fault = Union[LinkDowngrade, NicPcieDowngrade, GpuPcieDowngrade, LinkFlap, AdminToggle, PfcStorm,
               Straggler, GpuXid, EccUncorrectable, NodeReboot, ClockSkew, XidCascade, ApplicationXid,
-              SwitchPfcStorm, PinnedCounter]
+              SwitchPfcStorm, PinnedCounter, LinkDown, SwitchLinkDown, NicAdminDown]
 
 
 @dataclass(frozen=True)

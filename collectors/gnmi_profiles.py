@@ -254,6 +254,10 @@ PROFILES: dict[str, dict] = {
             # polls it (COUNTERS_DB holds only the stats the port's flex counter group reads)
             # it says when a port holds its peer; a tick without it says nothing.
             R(f"{_SONIC_PORT}/SAI_PORT_STAT_PFC_{{prio}}_TX_PAUSE_DURATION_US", "pfc{prio}-tx-pause-duration-us"),
+            # FEC codewords (IEEE 802.3 aFECCorrectedBlocks / aFECUncorrectableBlocks), raw
+            R(f"{_SONIC_PORT}/SAI_PORT_STAT_IF_IN_FEC_CORRECTABLE_FRAMES", "in-fec-correctable-frames"),
+            R(f"{_SONIC_PORT}/SAI_PORT_STAT_IF_IN_FEC_NOT_CORRECTABLE_FRAMES", "in-fec-uncorrectable-frames"),
+            R(f"{_SONIC_PORT}/SAI_PORT_STAT_IF_IN_FEC_SYMBOL_ERRORS", "in-fec-symbol-errors"),
             R(f"{_SONIC_QUEUE}/SAI_QUEUE_STAT_PACKETS", "queue{queue}-transmit-pkts"),
             R(f"{_SONIC_QUEUE}/SAI_QUEUE_STAT_BYTES", "queue{queue}-transmit-octets"),
             R(f"{_SONIC_QUEUE}/SAI_QUEUE_STAT_CURR_OCCUPANCY_BYTES", "queue{queue}-occupancy-bytes", GAUGE, "gauge"),

@@ -55,6 +55,7 @@ from fabricwatch.collectors.faults import (
     XID_GPU_LOST, XID_TEXT, XID_UNCORRECTABLE_ECC, AdminToggle, ClockSkew, EccUncorrectable,
     Fault, GpuPcieDowngrade, GpuXid, GroundTruth, LinkDowngrade, LinkFlap, NicPcieDowngrade,
     NodeReboot, PfcStorm, Straggler, gpu_path, nic_path, port_path, rank_path,
+    LinkDown, NicAdminDown, SwitchLinkDown,
 )
 from fabricwatch.collectors.faults import ApplicationXid, PinnedCounter, SwitchPfcStorm, XidCascade
 from fabricwatch.counters import GPU_GAUGES, NIC_GAUGES, SWITCH_GAUGES, Overflow, spec_for
@@ -87,6 +88,10 @@ SWITCH_COUNTERS = (
     "interface-transitions", "pfc3-rx-pkts", "pfc3-tx-pkts", "pfc3-rx-pause-duration-us",
     "queue3-transmit-pkts", "queue3-transmit-octets",
 )
+# FEC codewords per switch port (SONiC's SAI names, normalised): a healthy link corrects
+# codewords all the time and loses none.
+SWITCH_FEC_COUNTERS = ("in-fec-correctable-frames", "in-fec-uncorrectable-frames")
+SWITCH_COUNTERS = SWITCH_COUNTERS + SWITCH_FEC_COUNTERS
 SWITCH_PORT_GAUGES = tuple(SWITCH_GAUGES) + ("queue3-occupancy-bytes",)
 # SAI_PORT_STAT_PFC_3_TX_PAUSE_DURATION_US: SONiC exports it, EOS and Cumulus do not; the
 # simulator counts it always and exports it with ``switch_tx_pause_duration=True``.
@@ -122,6 +127,8 @@ GPU_MAX_CLOCK_MHZ = 1980.0
 GPU_IDLE_CLOCK_MHZ = 345.0
 PCIE_GEN_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 _DOWN_RATE = "40 Gb/sec (4X QDR)"  # what mlx5 prints for a RoCE port with no operational mode
+FAILOVER_COMM_SPEED = 0.5      # a NIC carrying two rails: that rail's share of a collective takes twice as long
+FAILING_LINK_FEC_UNCORRECTABLE_PER_S = 3.0   # post-FEC symbol errors of a link about to die [U]
 
 _DGX_NIC_BDF = ("0000:18:00.0", "0000:40:00.0", "0000:4f:00.0", "0000:5e:00.0",
                 "0000:9a:00.0", "0000:c0:00.0", "0000:ce:00.0", "0000:dc:00.0")
@@ -282,6 +289,11 @@ def _pcie_gbps(gen: int, width: int) -> float:
     return PCIE_GEN_GTS.get(int(gen), 32.0) * width * (128 / 130) * 0.82
 
 
+def _first_effect_s(f) -> float:
+    """When a fault first shows: its onset, or the FEC errors of a link about to die before it."""
+    return f.onset_s - getattr(f, "fec_warning_s", 0.0)
+
+
 def _overlap(a: float, b: float, t0: float, t1: float) -> float:
     return max(0.0, min(b, t1) - max(a, t0))
 
@@ -351,6 +363,11 @@ class _FaultState:
     job_restart_left: dict         # job -> seconds of restart to (re)arm
     job_fault_speed: np.ndarray    # comm speed limit from faults (per job)
     failover: dict = field(default_factory=dict)   # dead NIC port -> share of its rail's speed left (via a sibling)
+    # link down (LinkDown, SwitchLinkDown, NicAdminDown)
+    carrier: dict = field(default_factory=dict)   # port down -> the sibling NIC that carries its traffic
+    sp_down_now: np.ndarray | None = None          # switch port oper down (not admin) at sample time
+    nic_admin_down: np.ndarray | None = None       # NIC shut on its host: netdev speed unreadable
+    fec_unc_rate: np.ndarray | None = None         # extra post-FEC symbol errors per second (failing link)
 
 
 # --------------------------------------------------------------------------- simulator
@@ -655,6 +672,14 @@ class ClusterSimulator:
             elif isinstance(f, AdminToggle):
                 if (f.switch, f.port) not in self._sp_key:
                     raise ValueError(f"AdminToggle: unknown switch port {f.switch}:{f.port}")
+            elif isinstance(f, (LinkDown, NicAdminDown)):
+                self._nic_index(f.node, f.nic, type(f).__name__)
+                if isinstance(f, LinkDown) and f.failover_nic:
+                    self._nic_index(f.node, f.failover_nic, "LinkDown.failover_nic")
+            elif isinstance(f, SwitchLinkDown):
+                sp = self._sp_key.get((f.switch, f.port))
+                if sp is None or self._sp_peer_sp[sp] < 0:
+                    raise ValueError(f"SwitchLinkDown: not a switch-to-switch port {f.switch}:{f.port}")
             elif isinstance(f, PfcStorm):
                 for node, nic in f.sources:
                     self._nic_index(node, nic, "PfcStorm")
@@ -693,7 +718,7 @@ class ClusterSimulator:
             else:
                 raise TypeError(f"not a fault: {f!r}")
             out.append(f)
-        return sorted(out, key=lambda f: f.onset_s)
+        return sorted(out, key=_first_effect_s)
 
     def _plan_storm(self, f: PfcStorm) -> dict:
         """Who a storm pauses: the leaf's other active ports, its spine uplinks, one more hop."""
@@ -741,10 +766,12 @@ class ClusterSimulator:
             gpu_ecc_unc=np.zeros(N * G), gpu_remap_unc=np.zeros(N * G), rank_factor=np.ones(N * G),
             node_down=np.zeros(N, bool), node_skew_s=np.zeros(N), events={},
             job_stall=np.zeros(nj + 1, bool), job_restart_left={}, job_fault_speed=np.ones(nj + 1),
+            sp_down_now=np.zeros(SP, bool), nic_admin_down=np.zeros(P, bool), fec_unc_rate=np.zeros(P),
         )
+        failover_jobs: set[int] = set()
         gpu_ratio = np.ones(N * G)
         for f in self.faults:
-            if f.onset_s > t1:
+            if _first_effect_s(f) > t1:
                 break
             frac = _overlap(f.onset_s, f.offset_s, t0, t1) / dt
             on_now = f.onset_s <= t1 < f.offset_s
@@ -874,6 +901,8 @@ class ClusterSimulator:
             elif isinstance(f, ClockSkew):
                 if on_now:
                     fs.node_skew_s[self._node_idx[f.node]] += f.skew_s
+            elif isinstance(f, (LinkDown, NicAdminDown, SwitchLinkDown)):
+                self._resolve_link_down(f, fs, t0, t1, frac, on_now, failover_jobs)
         np.clip(fs.up_frac, 0.0, 1.0, out=fs.up_frac)
         np.clip(fs.sp_up_frac, 0.0, 1.0, out=fs.sp_up_frac)
         flow_up = fs.up_frac.copy()              # what the flows see: a dead port's rail goes via a sibling
@@ -889,7 +918,16 @@ class ClusterSimulator:
             rem = self._f_remote
             if np.any(rem):
                 f_pass[rem] *= (1 - fs.sw_duty[self._f_up_src[rem]]) * (1 - fs.sw_duty[self._f_sp_b[rem]])
+            if fs.carrier:
+                carrier = np.arange(self.P)
+                carrier[list(fs.carrier)] = list(fs.carrier.values())
+                src_c, dst_c = carrier[self._f_src], carrier[self._f_dst]
+                moved = (src_c != self._f_src) | (dst_c != self._f_dst)
+                both = fs.up_frac[src_c] * fs.up_frac[dst_c] * np.minimum(fs.cap_ratio[src_c], fs.cap_ratio[dst_c])
+                f_pass[moved] = both[moved]
             np.minimum.at(fs.job_fault_speed, self._f_job, f_pass)
+        for j in failover_jobs:     # one NIC carries two rails: that rail's collectives take twice as long
+            fs.job_fault_speed[j] = min(fs.job_fault_speed[j], FAILOVER_COMM_SPEED)
         return fs
 
     def _straggler_nic(self, f: Straggler, fs: _FaultState, frac: float, on_now: bool, t0: float, t1: float,
@@ -909,6 +947,50 @@ class ClusterSimulator:
             fs.down_phys[p] = "3: Disabled"
         # the sibling carries two rails: half the speed for this one (and the sibling's own)
         fs.failover[p] = min(fs.failover.get(p, 1.0), 1.0 - 0.5 * frac)
+    def _failover_port(self, f: LinkDown, p: int) -> int:
+        """The NIC that takes over a dead NIC's traffic: the named one, else its PCIe sibling
+        (rail ^ 1: DGX-style nodes pair two NICs and two GPUs on one PCIe switch)."""
+        if f.failover_nic:
+            return self._p_key[(f.node, f.failover_nic)]
+        ports = self._node_ports[self._p_node[p]].tolist()
+        k = ports.index(p)
+        return ports[k ^ 1] if (k ^ 1) < len(ports) else ports[(k + 1) % len(ports)]
+
+    def _resolve_link_down(self, f, fs: _FaultState, t0: float, t1: float, frac: float, on_now: bool,
+                           failover_jobs: set) -> None:
+        starts, ends = t0 <= f.onset_s < t1, t0 <= f.offset_s < t1
+        if isinstance(f, SwitchLinkDown):
+            sp = self._sp_key[(f.switch, f.port)]
+            for s in (sp, int(self._sp_peer_sp[sp])):
+                if frac > 0 or starts or ends:
+                    fs.sp_up_frac[s] -= frac
+                    fs.sp_transitions[s] += starts + ends
+                if on_now:
+                    fs.sp_down_now[s] = True
+            return
+        p = self._p_key[(f.node, f.nic)]
+        if isinstance(f, LinkDown) and f.fec_warning_s > 0 and f.onset_s - f.fec_warning_s <= t1 < f.onset_s:
+            fs.fec_unc_rate[p] += FAILING_LINK_FEC_UNCORRECTABLE_PER_S
+        if frac > 0 or on_now or ends:
+            fs.up_frac[p] -= frac
+            fs.sp_transitions[self._p_sp[p]] += starts + ends
+            fs.oos_burst[p] += 1 if ends else 0
+            if isinstance(f, LinkDown):
+                fs.down_events[p] += 1 if starts else 0
+        if not on_now and frac <= 0:
+            return
+        if on_now:
+            fs.down_now[p] = True
+            fs.down_phys[p] = "2: Polling" if isinstance(f, LinkDown) else "3: Disabled"
+            fs.nic_admin_down[p] = isinstance(f, NicAdminDown)
+        j = int(self._node_job[self._p_node[p]])
+        if j < 0:
+            return
+        if isinstance(f, LinkDown) and f.failover and t1 >= f.onset_s + f.failover_after_s:
+            fs.carrier[p] = self._failover_port(f, p)
+            failover_jobs.add(j)
+        else:
+            fs.job_stall[j] = True          # the rail's collectives hang until the link is back
 
     def _resolve_storm(self, f: PfcStorm, fs: _FaultState, t0: float, t1: float, dt: float, rng) -> None:
         plan = self._storm_plan[id(f)]
@@ -1050,6 +1132,11 @@ class ClusterSimulator:
         sv[:, _SC["queue3-transmit-pkts"]] = sv[:, _SC["out-pkts"]] * 0.999
         self._sw.values[:] = sv.astype(np.uint64)
         self._sw_marginal = rng.random(SP) < 0.02
+        # FEC: its own random stream, so that adding it moved no other draw
+        self._fec_rng = np.random.default_rng([self.seed, 0xFEC])
+        self._sp_ber = np.exp(self._fec_rng.normal(np.log(5e-8), 1.0, SP))
+        self._sw.values[:, _SC["in-fec-correctable-frames"]] = np.floor(
+            sw_up * self._sp_nominal_gbps * 1e9 * self._sp_ber).astype(np.uint64)
         self._sw_gauges = np.zeros((SP, len(SWITCH_PORT_GAUGES)))
         # congestion processes
         S = len(self._switches)
@@ -1192,6 +1279,10 @@ class ClusterSimulator:
         eff = self._job_eff[pj]
         want = line_s * self._p_nominal_Bps * eff * rng.uniform(0.97, 1.0, P)
         cap = fs.cap_ratio * self._p_nominal_Bps * dt * fs.up_frac * (1 - rx_duty) * 0.97
+        carrier = np.arange(P)
+        if fs.carrier:     # NCCL failover: the dead NIC's flows leave through its sibling
+            carrier[list(fs.carrier)] = list(fs.carrier.values())
+            cap = cap[carrier]
         base_tx = np.minimum(want, cap)
         # switch-link pause duty (healthy: spines and leaves pausing each other a little)
         sw_h = np.zeros(SP)
@@ -1226,7 +1317,7 @@ class ClusterSimulator:
         sw_out_p = np.zeros(SP)
         cnp_handled = np.zeros(P)
         if F:
-            src, dst = self._f_src, self._f_dst
+            src, dst = carrier[self._f_src], carrier[self._f_dst]
             pass_ = fs.up_frac[dst] * (1 - tx_duty[dst]) * rng.uniform(0.98, 1.0, F)
             rem = self._f_remote
             if np.any(rem):
@@ -1256,7 +1347,7 @@ class ClusterSimulator:
         rx_frac = np.clip(rx / np.maximum(self._p_nominal_Bps * dt, 1.0), 0, 1)
         # --- ECN marks at the receiver, CNPs back to the senders
         mark_p = np.clip(0.0015 + 0.12 * lvl * rng.uniform(0.3, 1.5, P), 0, 0.3) * (rx_frac > 1e-4)
-        marked = (rx_pk - np.bincount(self._f_src, apk, P) if F else rx_pk) * mark_p   # data packets only
+        marked = (rx_pk - np.bincount(src, apk, P) if F else rx_pk) * mark_p   # data packets only
         cnp_sent = marked * rng.uniform(0.25, 0.45, P)
         if F:
             share = fpk / np.maximum(np.bincount(dst, fpk, P)[dst], 1e-9)
@@ -1300,13 +1391,13 @@ class ClusterSimulator:
         inc[:, c["link_down_events_phy"]] = fs.down_events
         inc[:, c["rx_corrected_bits_phy"]] = corrected
         inc[:, c["rx_bits_phy"]] = bits
-        inc[:, c["rx_pcs_symbol_err_phy"]] = rng.poisson(np.where(m, 0.05, 0.0) * dt, P)
+        inc[:, c["rx_pcs_symbol_err_phy"]] = rng.poisson(np.where(m, 0.05, 0.0) * dt + fs.fec_unc_rate * dt, P)
         live = ~fs.node_down[self._p_node] | (fs.up_frac > 0)
         self._nic.add(inc, rows=np.nonzero(live)[0])
         self._p_act = act
         # --- NIC gauges at sample time
         g = self._nic_gauges
-        g[:, 0] = np.where(fs.down_now, -1.0, fs.speed_now * 1000.0)
+        g[:, 0] = np.where(fs.down_now, np.where(fs.nic_admin_down, np.nan, -1.0), fs.speed_now * 1000.0)
         g[:, 1] = fs.nic_pcie_width
         g[:, 2] = 16.0
         g[:, 3] = 5.0
@@ -1360,6 +1451,15 @@ class ClusterSimulator:
         sinc[:, sc[SWITCH_TX_PAUSE_DURATION]] = sp_tx_us
         sinc[:, sc["queue3-transmit-pkts"]] = rdma_out_p
         sinc[:, sc["queue3-transmit-octets"]] = rdma_out
+        frng = self._fec_rng
+        line_up = fs.sp_up_frac.copy()
+        line_up[dl] *= fs.up_frac[q]
+        # FEC decodes the line, idle or busy: errored bits at the port's BER, about one per codeword
+        errored_bits = self._sp_nominal_gbps * 1e9 * dt * line_up * self._sp_ber
+        sinc[:, sc["in-fec-correctable-frames"]] = frng.poisson(errored_bits)
+        fec_lost = np.where(sm, 0.01, 0.0) * dt
+        fec_lost[dl] += fs.fec_unc_rate[q] * dt      # the leaf end of a failing NIC cable loses codewords too
+        sinc[:, sc["in-fec-uncorrectable-frames"]] = frng.poisson(fec_lost)
         self._sw.add(sinc)
         # switch gauges
         sg = self._sw_gauges
@@ -1368,6 +1468,7 @@ class ClusterSimulator:
         oper = np.ones(SP)
         oper[dl] = ~fs.down_now[q]
         oper[fs.sp_admin_down_now] = 0.0
+        oper[fs.sp_down_now] = 0.0
         if np.any(link):
             li = np.nonzero(link)[0]
             oper[li] = np.where(fs.sp_admin_down_now[li] | fs.sp_admin_down_now[self._sp_peer_sp[li]], 0.0, oper[li])
@@ -1665,6 +1766,22 @@ class ClusterSimulator:
             elif isinstance(f, ClockSkew):
                 out.append(GroundTruth(f.kind, f.node, self._ns(f.onset_s), self._ns(f.offset_s),
                                        expect_alert=False, detail={"skew_s": f.skew_s}))
+            elif isinstance(f, (LinkDown, NicAdminDown)):
+                p = self._p_key[(f.node, f.nic)]
+                j = self._node_job[self._p_node[p]]
+                leaf = port_path(self._switches[self._p_switch[p]], self._sp_name[self._p_sp[p]])
+                detail = {"down_s": None if f.offset_s == INF else f.offset_s - f.onset_s}
+                if isinstance(f, LinkDown):
+                    q = self._failover_port(f, p) if f.failover and j >= 0 else None
+                    detail.update(failover_nic=self._p_eid[q] if q is not None else "", fec_warning_s=f.fec_warning_s)
+                out.append(GroundTruth(f.kind, nic_path(f.node, f.nic), self._ns(f.onset_s), self._ns(f.offset_s),
+                                       victims=(f"job/{self._jobs[j].job.job_id}",) if j >= 0 else (), related=(leaf,),
+                                       expect_alert=isinstance(f, LinkDown), detail=detail))
+            elif isinstance(f, SwitchLinkDown):
+                peer = self._sp_peer_sp[self._sp_key[(f.switch, f.port)]]
+                far = port_path(self._switches[self._sp_switch[peer]], self._sp_name[peer])
+                out.append(GroundTruth(f.kind, port_path(f.switch, f.port), self._ns(f.onset_s), self._ns(f.offset_s),
+                                       related=(far,)))
         return out
 
 

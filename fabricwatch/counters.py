@@ -141,6 +141,18 @@ for _p in PFC_PRIORITIES:
         _spec(f"queue{_p}-transmit-pkts", 64, W, "packets"),
         _spec(f"queue{_p}-transmit-octets", 64, W, "bytes"),
     ]
+# ---- FEC (link_down helper, issue #14) ------------------------------------------------------
+# Forward error correction, IEEE 802.3 30.5.1.1.17/18 aFECCorrectedBlocks /
+# aFECUncorrectableBlocks. Switch: SAI port stats as SONiC's COUNTERS_DB names them
+# (SAI_PORT_STAT_IF_IN_FEC_CORRECTABLE_FRAMES, _NOT_CORRECTABLE_FRAMES, _SYMBOL_ERRORS).
+# NIC: mlx5 `ethtool -S` per-lane pre-FEC errors (rx_corrected_bits_phy, rx_bits_phy and
+# rx_pcs_symbol_err_phy, the post-FEC symbol errors, are in _ETHTOOL above).
+_FEC = [
+    _spec("in-fec-correctable-frames", 64, W, "codewords"),
+    _spec("in-fec-uncorrectable-frames", 64, W, "codewords"),
+    _spec("in-fec-symbol-errors", 64, W, "symbols"),
+] + [_spec(f"rx_err_lane_{_lane}_phy", 64, W, "errors") for _lane in range(8)]
+# ---- end FEC ----------------------------------------------------------------------------------
 # GPUs through NVML.
 _GPU = [
     _spec("ecc_corrected_volatile_total", 64, W, "errors"),
@@ -150,7 +162,7 @@ _GPU = [
     _spec("nvlink_crc_flit_errors_total", 64, W, "errors"),
 ]
 
-KNOWN: dict[str, CounterSpec] = {s.name: s for s in _SYSFS + _HW + _ETHTOOL + _SWITCH + _GPU}
+KNOWN: dict[str, CounterSpec] = {s.name: s for s in _SYSFS + _HW + _ETHTOOL + _SWITCH + _FEC + _GPU}
 
 
 def spec_for(name: str) -> CounterSpec:

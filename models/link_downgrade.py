@@ -45,6 +45,7 @@ from functools import lru_cache
 import numpy as np
 
 from .detector import PerTick
+from .fec import FecMemory
 from .findings import CRITICAL, OPEN, RESOLVED, WARNING, EntityRef, Evidence, Finding
 from .frames import GPU, NIC_PORT, SWITCH_PORT, EntityFrame, LayoutGroup, SourceBatch, SourceView
 from .linkrate import IbRate, parse_ib_rate
@@ -85,6 +86,7 @@ class LinkDowngradeDetector(PerTick):
     _last_seen: dict[tuple[str, str], tuple] = field(default_factory=dict, repr=False)   # (source, kind) -> picture
     # (cluster, node, rate, weight) of the votes cast here since `take_votes`, to be published
     _votes: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict, repr=False)
+    fec: FecMemory = field(default_factory=FecMemory, repr=False)   # uncorrectable codewords, as evidence
 
     def __post_init__(self) -> None:
         if _parse(self.default_nic_rate) is None:
@@ -105,6 +107,7 @@ class LinkDowngradeDetector(PerTick):
     def update_batch(self, batch: SourceBatch) -> list[Finding]:
         """Only the ticks whose picture (labels, gauges, nominal rates) differs from the tick
         before: a link that keeps its state from one tick to the next changes no finding."""
+        self.fec.note(batch)
         out: list[Finding] = []
         for stack in batch.stacks:
             if not self.reads(stack.kind, stack.counter_names, stack.gauge_names, tuple(stack.labels)):
@@ -332,6 +335,8 @@ class LinkDowngradeDetector(PerTick):
         for key, finding in active.items():
             if key not in self._open:
                 finding.onset_ns = finding.detected_ns = view.time_ns
+                if key[0] == "link_downgrade":
+                    finding.evidence += self.fec.evidence(view.source, key[2], view.time_ns)
                 self._open[key] = finding
                 out.append(finding)
         for key in [k for k in self._open if k in checked and k not in active]:

@@ -9,11 +9,16 @@ up (or at once when the down and the recovery both fall inside one sampling inte
 updates as more follow, and resolves after `quiet_s` without one. What is not a flap:
 
 * a long outage (a reboot, a pulled cable, a port shut for maintenance): down for longer
-  than `max_down_s`;
+  than `max_down_s`. A port that stays down that long is `link_down`'s
+  (`models.link_down`, whose hold is this bound), so each down is one or the other;
+* a NIC shut on its host (`nic_shut_on_host`);
 * an operator's admin toggle of a switch port (`admin_up` changed within `admin_grace_s`),
   seen on the toggled port itself and, given a topology, on the port cabled to it (the NIC
   behind a leaf port, the spine behind an uplink);
 * a counter reset after a reboot: no rate, hence no evidence.
+
+Codewords the FEC could not correct on the port within `fec.FEC_MEMORY_S` are added to
+the evidence (`fec.FecMemory`).
 
 >>> import numpy as np
 >>> from fabricwatch.models.frames import EntityFrame, SourceView
@@ -37,6 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .detector import PerTick
+from .fec import FecMemory
 from .findings import CRITICAL, OPEN, RESOLVED, UPDATE, WARNING, EntityRef, Evidence, Finding
 from .frames import NIC_PORT, SWITCH_PORT, EntityFrame, FrameStack, LayoutGroup, SourceBatch, SourceView
 from .topology import Topology
@@ -48,6 +54,17 @@ ADMIN_GRACE_S = 30.0       # transitions this soon after an admin_up change are 
 SETTLE_S = 5.0             # counter evidence this soon after an outage ended belongs to the outage
 FLAPS_FOR_CRITICAL = 3     # down events within one open episode that make it critical
 ACTIVE_STATE = "4"
+DISABLED_PHYS_STATE = "3"  # sysfs `phys_state` "3: Disabled": the port is shut, not failing to train
+
+
+def nic_shut_on_host(frame: EntityFrame) -> np.ndarray:
+    """NIC ports an operator shut on their host (``ip link set <if> down``): ``phys_state``
+    ``3: Disabled`` and no readable netdev speed (the kernel answers EINVAL for an interface
+    that is not running). False where the tick does not carry ``netdev_speed_mbps``."""
+    if "netdev_speed_mbps" not in frame.gauge_names:
+        return np.zeros(len(frame.ids), dtype=bool)
+    shut = np.array([p.startswith(DISABLED_PHYS_STATE) for p in frame.label("phys_state")], dtype=bool)
+    return shut & np.isnan(frame.gauge("netdev_speed_mbps"))
 
 
 @dataclass
@@ -76,6 +93,7 @@ class LinkFlapDetector(PerTick):
     # (switch, port ids) -> (admin_up per port as last seen, event time it last changed; 0 = never)
     _admin: dict[tuple[str, tuple[str, ...]], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     _recent_admin: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)  # port -> change ns
+    fec: FecMemory = field(default_factory=FecMemory, repr=False)   # uncorrectable codewords, as evidence
 
     def __post_init__(self) -> None:
         for name in ("quiet_s", "max_down_s"):
@@ -94,6 +112,7 @@ class LinkFlapDetector(PerTick):
         """NIC blocks with no down event, every port ACTIVE and nothing remembered of them
         change nothing: only the source's quiet episodes can resolve. Anything else (and
         every switch block: admin toggles are tracked) goes tick by tick."""
+        self.fec.note(batch)
         busy = [s for s in batch.stacks if s.kind == SWITCH_PORT or (s.kind == NIC_PORT and not self._quiet(batch, s))]
         if busy or batch.events:
             return super().update_batch(batch)
@@ -141,9 +160,9 @@ class LinkFlapDetector(PerTick):
                                 np.nan_to_num(frame.delta("link_down_events_phy")))
                 state = frame.label("state")
                 is_down = np.array([bool(s) and not s.startswith(ACTIVE_STATE) for s in state])
-                operator = np.zeros(len(frame.ids), dtype=bool)
+                operator = is_down & nic_shut_on_host(frame) if is_down.any() else np.zeros(len(frame.ids), bool)
                 if self._recent_admin:
-                    operator = self._peer_admin_toggled(view, frame, downs, is_down)
+                    operator |= self._peer_admin_toggled(view, frame, downs, is_down)
             elif frame.kind == SWITCH_PORT:
                 # UP->DOWN and DOWN->UP each count 1; the two may land in different samples
                 downs = np.nan_to_num(frame.delta("interface-transitions")) / 2.0
@@ -256,6 +275,7 @@ class LinkFlapDetector(PerTick):
         f.severity = CRITICAL if episode.downs >= FLAPS_FOR_CRITICAL else WARNING
         f.evidence = [Evidence("link_down_events", episode.downs, 0, "events",
                                f"downs of at most {self.max_down_s:g} s since the first")]
+        f.evidence += self.fec.evidence(view.source, frame.ids[i], view.time_ns)
         f.summary = f"{view.source} {frame.ids[i]} went down and came back {episode.downs:g} time(s)"
         f.probable_cause = "unstable link: cable, transceiver or peer port"
         f.suggested_action = ("inspect the cable and transceiver; consider isolating the link"

@@ -29,10 +29,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fabricwatch import metrics
+from fabricwatch.models.fec import FecMemory
 from fabricwatch.models.findings import Finding
 from fabricwatch.models.frames import LayoutGroup, SourceBatch, layout_groups
 from fabricwatch.models.gpu_faults import GpuFaultDetector
 from fabricwatch.models.health_tracker import HealthTracker
+from fabricwatch.models.link_down import LinkDownDetector
 from fabricwatch.models.link_downgrade import LinkDowngradeDetector
 from fabricwatch.models.link_flap import LinkFlapDetector
 from fabricwatch.models.pfc_storm import PauseStateChange, PfcWatchdog
@@ -88,10 +90,12 @@ class SourceStage:
         self.stream = f"{topic}/{partition}"
         self.streams = tuple(f"{topic}/{i}" for i in range(partitions))
         self.rates = RateTracker()
+        fec = FecMemory()       # one per stage: the link detectors share its evidence
         self.downgrade = LinkDowngradeDetector(topology, config.default_nic_rate, config.gpu_busy_utilization_pct,
-                                               nominal=facts.nominal)
+                                               nominal=facts.nominal, fec=fec)
         self.gpu_faults = GpuFaultDetector()
-        self.detectors = [self.downgrade, LinkFlapDetector(topology), self.gpu_faults, UnknownAnomalyDetector()]
+        self.detectors = [self.downgrade, LinkFlapDetector(topology, fec=fec), LinkDownDetector(topology, fec=fec),
+                          self.gpu_faults, UnknownAnomalyDetector()]
         self.watchdog = PfcWatchdog(config.pfc_detection_time_ms, config.pfc_restoration_time_ms)
         self.health = HealthTracker(topology=topology, nominal=facts.nominal)
         self.accounting = Accounting("telemetry", config.max_sample_age_s)

@@ -18,6 +18,8 @@ NIC speed              ``netdev_speed_mbps < nominal`` (and > 0: the link is up)
 step time              a rank's ``step_seconds > 1.2 x`` the job's median step time     straggler
                        (over its last 100 steps, at least 10)
 link down              ``increase(link_downed[5m]) > 0``                                link_flap
+link dead              ``netdev_speed_mbps == -1`` (no carrier) on a NIC port, or        link_down
+                       ``oper_up == 0 and admin_up == 1`` on a switch port, ``for: 1m``
 PCIe width             ``pcie_width_current < pcie_width_max`` (NIC and GPU)            pcie_downgrade
 XID                    ``DCGM_FI_DEV_XID_ERRORS != 0``: any XID; the gauge keeps the     gpu_xid
                        last XID, so the alert never clears
@@ -119,6 +121,7 @@ class StaticRulesConfig:
     step_median_steps: int = 100
     min_history_steps: int = 10
     increase_window_s: float = 300.0    # increase(...[5m]) > 0
+    dead_for_s: float = 60.0            # link dead ... for: 1m
     default_nic_rate: str = DEFAULT_NIC_RATE
 
 
@@ -159,8 +162,12 @@ class StaticRules:
                 out += self._speed(view, frame)
                 out += self._increase(view, frame, "link_downed", "link_flap", _nic_entity, "link went down")
                 out += self._pcie(view, frame, _nic_entity)
+                speed = frame.gauge("netdev_speed_mbps")
+                out += self._dead(view, frame, speed == -1, speed == speed, _nic_entity)
             elif frame.kind == SWITCH_PORT:
                 out += self._pause(view, frame, _SW_PAUSE, _port_entity)
+                oper, admin = frame.gauge("oper_up"), frame.gauge("admin_up")
+                out += self._dead(view, frame, (oper == 0) & (admin == 1), oper == oper, _port_entity)
             elif frame.kind == GPU:
                 out += self._pcie(view, frame, _gpu_entity)
                 out += self._increase(view, frame, "ecc_uncorrected_volatile_total", "gpu_ecc_uncorrectable",
@@ -259,6 +266,22 @@ class StaticRules:
             if t - self._last_increase[k] > window:
                 del self._last_increase[k]
                 out += self.alerts.clear(k, t)
+        return out
+
+    def _dead(self, view, frame: EntityFrame, dead: np.ndarray, read: np.ndarray, entity) -> list[Finding]:
+        """``link_down`` where ``dead`` held on every reading for ``dead_for_s``; cleared by a live reading."""
+        t, out = view.time_ns, []
+        for i in np.flatnonzero(dead):
+            k = ("dead", view.source, frame.ids[i])
+            since = self._pending.setdefault(k, t)
+            if t - since >= self.config.dead_for_s * 1e9 and k not in self.alerts.open:
+                out += self.alerts.fire(k, "link_down", entity(view, frame.ids[i]), t,
+                                        f"{view.source} {frame.ids[i]} link down for 1m", onset_ns=since)
+        if self._pending:
+            for i in np.flatnonzero(read & ~dead):
+                k = ("dead", view.source, frame.ids[i])
+                if self._pending.pop(k, None) is not None:
+                    out += self.alerts.clear(k, t)
         return out
 
     def _pcie(self, view, frame: EntityFrame, entity) -> list[Finding]:

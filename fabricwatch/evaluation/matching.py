@@ -2,7 +2,7 @@
 
 Rules (one scenario, one detector at a time; only OPEN events count as alarms):
 
-* **Class of an event** = its kind (``link_downgrade``, ``pcie_downgrade``, ``link_flap``,
+* **Class of an event** = its kind (``link_downgrade``, ``pcie_downgrade``, ``link_flap``, ``link_down``,
   ``pfc_storm``, ``straggler``, ``gpu_xid``, ``gpu_ecc_uncorrectable``; any other kind is
   its own class, so new detectors show up as they land). Ground-truth kinds map to classes
   with `scenarios.fault_class` (NIC and GPU PCIe downgrades are both ``pcie_downgrade``).
@@ -61,6 +61,7 @@ CONSEQUENCES: dict[str, frozenset[str]] = {
     "link_downgrade": frozenset({"straggler"}),
     "pcie_downgrade": frozenset({"straggler"}),
     "link_flap": frozenset({"straggler"}),
+    "link_down": frozenset({"straggler"}),
     "pfc_storm": frozenset({"straggler"}),
     "gpu_xid": frozenset({"straggler"}),
     "gpu_ecc_uncorrectable": frozenset(),
@@ -73,7 +74,7 @@ CONSEQUENCES: dict[str, frozenset[str]] = {
 _VICTIM_CLASSES = frozenset({"pfc_storm", "gpu_xid"})
 
 # Kinds whose source is a NIC link: the leaf port facing it is the same incident.
-_LINK_CLASSES = frozenset({"link_downgrade", "link_flap", "pfc_storm"})
+_LINK_CLASSES = frozenset({"link_downgrade", "link_flap", "pfc_storm", "link_down"})
 
 
 def grace_ns(cls: str | None, interval_s: float, expect_alert: bool = True) -> int:

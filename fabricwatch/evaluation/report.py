@@ -26,6 +26,7 @@ import numpy as np
 
 from fabricwatch.collectors.faults import GroundTruth
 from fabricwatch.machine import cpu_model, usable_cpus
+from fabricwatch.models.link_down import LINK_DOWN_HOLD_S
 from fabricwatch.models.rates import RateTracker
 from fabricwatch.streams.decode import to_view
 from fabricwatch.streams.events import to_event
@@ -40,7 +41,7 @@ log = logging.getLogger("fabricwatch.eval")
 
 FABRICWATCH, STATIC, HST = "fabricwatch", "static rules", "river HST"
 DETECTORS = (FABRICWATCH, STATIC, HST)
-LABELLED_SUITES = ("fault_mix", "straggler", "pfc_storm", "must_not_fire")
+LABELLED_SUITES = ("fault_mix", "straggler", "pfc_storm", "must_not_fire", "link_down")
 CHUNK_S = 20.0                     # simulated seconds per replay call (bounds memory)
 STEP_TOLERANCE_NS = 10_000_000     # node clocks: +-5 ms
 
@@ -249,6 +250,8 @@ def _bound_s(cls: str, interval_s: float) -> float | None:
         return T_DETECT_S + interval_s if interval_s < T_DETECT_S else None   # judged on 0.1 s sampling only
     if cls in ("link_downgrade", "pcie_downgrade"):
         return interval_s
+    if cls == "link_down":
+        return LINK_DOWN_HOLD_S + 2 * interval_s      # the hold, then a sample or two
     return None
 
 
@@ -535,6 +538,10 @@ def _targets(scores: Scores) -> list[tuple[str, str, bool | str | None]]:
         n, k = len(s.within_bound), sum(s.within_bound)
         out.append((f"{label} flagged within one sample", f"{k}/{n} detected within one sampling interval"
                     if n else "none detected", (k == n) if n else None))
+    s = fw.get("link_down", ClassScore())
+    n, k = len(s.within_bound), sum(s.within_bound)
+    out.append((f"Link down flagged within its hold ({LINK_DOWN_HOLD_S:g} s) + two samples",
+                f"{k}/{n} detected within the bound" if n else "none detected", (k == n) if n else None))
     s = fw.get("straggler", ClassScore())
     n, k = len(s.within_bound), sum(s.within_bound)
     worst = max(s.delay_steps) if s.delay_steps else None
@@ -635,8 +642,8 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
     for name, value, ok in _targets(scores):
         add(f"| {name} | {value} | {_verdict(ok)} |")
     add("")
-    add("Precision, recall and F1 are over the labelled suites (fault mix, stragglers, PFC storms and the "
-        "must-not-fire cases); false alarms per node-hour are over the healthy runs only. Numbers that fall "
+    add("Precision, recall and F1 are over the labelled suites (fault mix, stragglers, PFC storms, dead "
+        "links and the must-not-fire cases); false alarms per node-hour are over the healthy runs only. Numbers that fall "
         "short are reported as they are.")
     add("")
     add("## Per fault class")
@@ -646,8 +653,8 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
         "during must-not-fire faults and storms named on a victim. Delay: p50 / p95 of "
         "`detected - onset` over the TPs (stragglers also in training steps). Within bound: TPs within the "
         "class's delay target (storms: T_detect + 100 ms, judged on the 0.1 s suites; downgrades: one sampling "
-        "interval; stragglers: 3 steps). Healthy FP: alarms of that class on the healthy runs (per 1000 "
-        "node-hours).")
+        "interval; link down: its 30 s hold + 2 intervals; stragglers: 3 steps). Healthy FP: alarms of that "
+        "class on the healthy runs (per 1000 node-hours).")
     add("")
     all_classes = list(FAULT_CLASSES) + sorted({c for d in detectors for c in scores.classes[d]} - set(FAULT_CLASSES))
     for c in all_classes:
@@ -782,8 +789,8 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
         "ECC with XID 48/94/95 on that GPU) are counted as explained, not as FPs.")
     add(f"* Static rules and river HST: `fabricwatch/evaluation/baselines.py` (module docstring): "
         f"Prometheus-style thresholds (pause frames > 10 000/s for 1m, speed < nominal, step time > 1.2x job "
-        f"median, link_downed increase, PCIe width < max, any XID, ECC DBE increase); HST with river defaults "
-        f"behind MinMaxScaler, one model per entity kind (NIC ports, switch ports) and per job (ranks), "
+        f"median, link_downed increase, link dead (no carrier / oper down, admin up) for 1m, PCIe width < max, "
+        f"any XID, ECC DBE increase); HST with river defaults behind MinMaxScaler, one model per entity kind (NIC ports, switch ports) and per job (ranks), "
         f"flag at score >= {HST_THRESHOLD}, class from the most deviant feature.")
     add("")
     add("## Notes and caveats")

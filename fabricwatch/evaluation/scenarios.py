@@ -26,6 +26,10 @@ Suites (``suite`` field):
   default quirk). PFC needs 0.1 s sampling so that the 200 ms
   detection time can be judged. Plus one two-port storm of 100 s at 1 s sampling (8 nodes),
   long enough for a ``for: 1m`` rule.
+* ``link_down`` (1 s, 8 nodes): links that die and stay down for minutes: a NIC link with NCCL
+  failing over to its sibling NIC, one without (the job hangs), one that shows uncorrectable
+  FEC errors first, one that comes back; a leaf uplink; plus, in the same runs, an operator
+  shutting a leaf port (90 s) and a NIC on its host (80 s), which must not fire.
 * ``must_not_fire``: storms shorter than T_detect, the NIC watchdog ending a storm after
   100 ms, XON floods (5 s; 110 s), pauses with nothing queued (an idle node's NIC pausing
   its leaf, a leaf port pausing an idle node: sonic-mgmt ``test_pfcwd_no_traffic``), admin port
@@ -42,7 +46,7 @@ Every scenario has its own seed (job placement, noise), entities are drawn per s
 >>> full = build_suites(SuiteConfig(healthy_node_hours=1.0))
 >>> counts = expected_case_counts(full)
 >>> all(counts[c] >= 20 for c in ("link_downgrade", "pcie_downgrade", "link_flap", "pfc_storm",
-...                               "straggler", "gpu_xid", "gpu_ecc_uncorrectable"))
+...                               "straggler", "gpu_xid", "gpu_ecc_uncorrectable", "link_down"))
 True
 """
 from __future__ import annotations
@@ -57,6 +61,7 @@ import numpy as np
 from fabricwatch.collectors.faults import (
     INF, STORM_DETECTION_TIME_S, AdminToggle, ClockSkew, EccUncorrectable, Fault, GpuPcieDowngrade, GpuXid,
     LinkDowngrade, LinkFlap, NicPcieDowngrade, NodeReboot, PfcStorm, Straggler,
+    LinkDown, NicAdminDown, SwitchLinkDown,
 )
 from fabricwatch.collectors.faults import ApplicationXid, PinnedCounter, SwitchPfcStorm, XidCascade
 from fabricwatch.collectors.simulator import DEFAULT_START_UNIX_NS, ClusterSimulator, Job, auto_jobs
@@ -78,9 +83,10 @@ _CLASS_OF_GT_KIND = {
     "straggler": "straggler",
     "gpu_xid": "gpu_xid",
     "ecc_uncorrectable": "gpu_ecc_uncorrectable",
+    "link_down": "link_down",
 }
 FAULT_CLASSES = ("link_downgrade", "pcie_downgrade", "link_flap", "pfc_storm", "straggler", "gpu_xid",
-                 "gpu_ecc_uncorrectable")
+                 "gpu_ecc_uncorrectable", "link_down")
 
 DOWNGRADE_RATES = ("200 Gb/sec (4X HDR)", "100 Gb/sec (4X EDR)", "400 Gb/sec (8X HDR)", "200 Gb/sec (2X NDR)")
 # Hardware and firmware XIDs of NVIDIA's catalog (`fabricwatch.xid`): the gpu_xid cases.
@@ -145,6 +151,7 @@ class SuiteConfig:
     quick: bool = False
     seed: int = 0
     mix_scenarios: int = 12          # x 2 rounds: 24 cases of each fault-mix class
+    link_down_scenarios: int = 14    # one dead NIC link each, a dead uplink every other: 21 cases
     straggler_scenarios: int = 14    # 1-2 stragglers each (one per multi-node job): >= 3 per cause
     storm_pair_scenarios: int = 6    # x 2 sequential single-port storms
     healthy_node_hours: float = 8.0  # long healthy runs (1 s sampling) for false alarms
@@ -375,6 +382,42 @@ def _storm_long(seed: int) -> Scenario:
                     note="two-port storm (different leaves) lasting 100 s, 1 s sampling")
 
 
+# --------------------------------------------------------------------------- link down
+
+LINK_DOWN_VARIANTS = ("failover", "no_failover", "fec_then_down", "failover_recovers")
+
+
+def _link_down(i: int, seed: int, n_nodes: int = 8, duration_s: float = 150.0) -> Scenario:
+    """A dead NIC link (variant by ``i``), a dead leaf uplink on odd ``i``, and two operator
+    shutdowns (a leaf port, a host NIC) on nodes of other jobs, which must not fire."""
+    topo = _topology(n_nodes, n_nodes, 2)
+    jobs, _, idle = _jobs(topo, seed)
+    rng = np.random.default_rng([seed, 0x1D])
+    multi = [j for j in jobs if len(j.nodes) >= 2]
+    victim_job = multi[0] if multi else jobs[0]
+    node = victim_job.nodes[int(rng.integers(len(victim_job.nodes)))]
+    others = [n for n in rng.permutation(topo.nodes).tolist() if n not in victim_job.nodes] or \
+        [n for n in topo.nodes if n != node]
+    variant = LINK_DOWN_VARIANTS[i % len(LINK_DOWN_VARIANTS)]
+    t = _frac(rng, 20.0, 35.0, 1.0)
+    rail = int(rng.integers(GPUS))
+    off = round(t + float(rng.uniform(50.0, 80.0)), 3) if variant == "failover_recovers" else INF
+    faults: list[Fault] = [LinkDown(node, _nic(rail), onset_s=t, offset_s=off, failover=variant != "no_failover",
+                                    fec_warning_s=20.0 if variant == "fec_then_down" else 0.0)]
+    if i % 2:
+        uplinks = [link for link in topo.links if link.a_switch.startswith("leaf")]
+        up = uplinks[int(rng.integers(len(uplinks)))]
+        faults.append(SwitchLinkDown(up.a_switch, up.a_port, onset_s=_frac(rng, 30.0, 45.0, 1.0)))
+    a, b = others[0], others[1 % len(others)]
+    leaf = topo.nic(a, _nic(int(rng.integers(GPUS))))
+    faults.append(AdminToggle(leaf.switch, leaf.switch_port, onset_s=_frac(rng, 25.0, 40.0, 1.0), down_s=90.0))
+    host = idle[0] if idle and idle[0] not in (node, a) else b
+    faults.append(NicAdminDown(host, _nic(int(rng.integers(GPUS))), onset_s=_frac(rng, 25.0, 40.0, 1.0), down_s=80.0))
+    return Scenario(f"link-down-{i:02d}-{variant}", "link_down", seed, n_nodes, 1.0, duration_s, tuple(faults),
+                    note=f"a dead NIC link ({variant.replace('_', ' ')})" + (", a dead leaf uplink" if i % 2 else "")
+                    + "; an operator shuts a leaf port (90 s) and a host NIC (80 s)")
+
+
 # --------------------------------------------------------------------------- must not fire
 
 
@@ -532,6 +575,7 @@ def build_suites(cfg: SuiteConfig | None = None) -> list[Scenario]:
              "switch-port", "switch-port-tx", "nic-watchdog-1s", "switch-port", "switch-port-tx", "pinned-victims"]
     out += [_storm_multi(kind, i, s0 + 400 + i) for i, kind in enumerate(multi)]
     out.append(_storm_long(s0 + 450))
+    out += [_link_down(i, s0 + 600 + i) for i in range(cfg.link_down_scenarios)]
     out += _must_not_fire(s0 + 500)
     out += _healthy(cfg)
     return out
