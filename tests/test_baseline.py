@@ -312,3 +312,26 @@ def test_river_dataset_checks(check, params):
 )
 def test_river_model_checks(check):
     check(NoveltyAlarm())
+
+
+# --------------------------------------------------------------------------- one setting
+
+
+def test_worker_runs_the_nab_scored_defaults():
+    """The worker's per-node detector is NoveltyAlarm's defaults, and bench/nab_eval.py scores
+    that very factory: docs/nab.md cannot drift from what runs (issue 14, item 7)."""
+    import importlib.util
+    from pathlib import Path
+
+    from fabricwatch.models import unknown
+
+    assert unknown.novelty_model()._get_params() == NoveltyAlarm()._get_params()
+    assert NoveltyAlarm().compact  # the float32 state the worker keeps, scored so on NAB
+    spec = importlib.util.spec_from_file_location(
+        "nab_eval", Path(__file__).resolve().parent.parent / "bench" / "nab_eval.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.DETECTOR is unknown.novelty_model
+    det = unknown.UnknownAnomalyDetector()
+    det._node("node-1", 0)
+    assert det._nodes["node-1"].model._get_params() == NoveltyAlarm()._get_params()
