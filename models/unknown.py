@@ -2,9 +2,14 @@
 
 Each node's key rates are averaged over `window_s` of event time (vectorised over the
 node's entities), and the window means go, as one river-protocol sample per node, to a
-`NoveltyAlarm` (`models/baseline.py`, NAB 71.9) with its quiet operations setting. A
-score >= `threshold` opens a low-severity (`info`) `unknown_anomaly` naming the novel
-feature; it resolves after `quiet_windows` windows below the threshold. Windows with a
+`NoveltyAlarm` (`models/baseline.py`) built by `novelty_model`: its defaults, exactly the
+setting `bench/nab_eval.py` scores on NAB (`docs/nab.md`). The detector is the same
+everywhere; what the worker adds is an alert decision on its score, for operations (a
+healthy fleet's page budget, not a NAB concern): a score >= `threshold` (well above the
+detector's alarm level, 0.5) opens a low-severity (`info`) `unknown_anomaly` naming the
+novel feature, but only once the node's baseline holds `report_after` windows; it
+resolves after `quiet_windows` windows below the threshold. The detector learns and
+scores every window all along: the gate only decides what is reported. Windows with a
 counter reset or no samples are skipped (no evidence), so a reboot is not "novel".
 
 Node-level features keep the cost per node, not per port: six features learned once per
