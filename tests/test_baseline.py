@@ -120,6 +120,32 @@ def test_much_stronger_novelty_breaks_through_the_refractory_period():
     assert model.score_one({"x": 1e4}) > 0.9  # far stronger: reported anyway
 
 
+def test_a_second_record_soon_after_a_novelty_event_needs_more_novelty():
+    """Soft refractory period: after an event the alarm level is (recovery / age) ** exponent."""
+    def excursion_score(recovery, age):
+        model = NoveltyAlarm(refractory=0, recovery=recovery, recovery_exponent=0.5, coarse_block=0)
+        run(model, noise(1000, 5))
+        hi = max(ch.hi for ch in model._channels.values())
+        run(model, [hi + 1.0] + noise(age - 1, 6))     # a new maximum: a novelty event
+        top = model._channels["x"].hi
+        lo = model._channels["x"].lo
+        # an excursion at twice the range test's alarm level
+        return model.score_one({"x": top + 2 * model.range_tolerance * (top - lo) * (1 + 300 / (1000 + age))})
+
+    assert excursion_score(0, 25) == pytest.approx(0.75)           # off: 1 - 0.5 / 2
+    assert excursion_score(100, 25) == pytest.approx(0.5)          # level (100/25) ** 0.5 = 2
+    assert excursion_score(100, 100) == pytest.approx(0.75)        # recovered
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5, 6, 7])
+def test_a_level_shift_re_alarms_less_than_with_the_hard_refractory_period_only(seed):
+    values = noise(2500, seed) + noise(500, seed + 1, mean=130.0)
+    soft = [t for t in alarms(run(NoveltyAlarm(), values)) if t >= 2500]
+    hard = [t for t in alarms(run(NoveltyAlarm(recovery=0), values)) if t >= 2500]
+    assert soft[0] == hard[0] == 2500          # the onset is reported all the same
+    assert len(soft) <= 2 and len(soft) < len(hard)
+
+
 def test_multiple_features_score_is_the_max():
     model = NoveltyAlarm()
     rng = random.Random(7)
@@ -253,6 +279,10 @@ def test_clone_is_fresh_and_keeps_params():
         ("range_tolerance", "0.1"),
         ("refractory", -1),
         ("refractory", True),
+        ("recovery", -1),
+        ("recovery", 2.5),
+        ("recovery_exponent", -0.1),
+        ("recovery_exponent", float("inf")),
     ],
 )
 def test_invalid_params_raise_value_error_naming_them(name, value):
@@ -263,6 +293,7 @@ def test_invalid_params_raise_value_error_naming_them(name, value):
 def test_defaults_are_the_documented_nab_setting():
     params = NoveltyAlarm()._get_params()
     assert params["warm_up"] == 150 and params["refractory"] == 30
+    assert params["recovery"] == 300 and params["recovery_exponent"] == 0.25 and params["compact"]
     assert all(isinstance(v, (int, float)) for v in params.values())  # immutable defaults
 
 
@@ -312,3 +343,26 @@ def test_river_dataset_checks(check, params):
 )
 def test_river_model_checks(check):
     check(NoveltyAlarm())
+
+
+# --------------------------------------------------------------------------- one setting
+
+
+def test_worker_runs_the_nab_scored_defaults():
+    """The worker's per-node detector is NoveltyAlarm's defaults, and bench/nab_eval.py scores
+    that very factory: docs/nab.md cannot drift from what runs (issue 14, item 7)."""
+    import importlib.util
+    from pathlib import Path
+
+    from fabricwatch.models import unknown
+
+    assert unknown.novelty_model()._get_params() == NoveltyAlarm()._get_params()
+    assert NoveltyAlarm().compact  # the float32 state the worker keeps, scored so on NAB
+    spec = importlib.util.spec_from_file_location(
+        "nab_eval", Path(__file__).resolve().parent.parent / "bench" / "nab_eval.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.DETECTOR is unknown.novelty_model
+    det = unknown.UnknownAnomalyDetector()
+    det._node("node-1", 0)
+    assert det._nodes["node-1"].model._get_params() == NoveltyAlarm()._get_params()
