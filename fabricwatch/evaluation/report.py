@@ -89,7 +89,7 @@ def run_scenario(sc: Scenario, detectors: tuple[str, ...] = DETECTORS) -> Scenar
     steps: dict[str, list[tuple[int, int]]] = defaultdict(list)
     stats: Counter = Counter()
     n_snap = 0
-    per_chunk = max(1, int(round(CHUNK_S / sc.interval_s)))
+    per_chunk = max(1, int(round(CHUNK_S / sc.tick_s)))
     left = sc.ticks
 
     def keep(name: str, events) -> None:
@@ -286,7 +286,7 @@ def score(runs: list[ScenarioRun], detectors: tuple[str, ...] = DETECTORS) -> Sc
                         c.delay_steps.append(n)
                         c.within_bound.append(n <= TARGET_STRAGGLER_STEPS)
                 else:
-                    bound = _bound_s(tp.cls, sc.interval_s)
+                    bound = _bound_s(tp.cls, sc.tick_s if tp.cls == "pfc_storm" else sc.interval_s)
                     if (tp.detail or {}).get("switch_source"):
                         bound = None       # a switch-port root waits the locator's grace (ORPHAN_GRACE_MS)
                     if bound is not None:
@@ -767,7 +767,7 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
         for d in detectors:
             m = scores.matches[(sc.name, d)]
             cells.append(f"{len(m.tps)}/{len(m.fps)}/{len(m.fns)}")
-        add(f"| {sc.name} | {sc.suite} | {sc.n_nodes} | {sc.interval_s:g} s | {sc.duration_s:g} s | {sc.seed} | "
+        add(f"| {sc.name} | {sc.suite} | {sc.n_nodes} | {sc.interval_s:g} s{f' (PFC {sc.pfc_interval_s:g} s)' if sc.pfc_interval_s else ''} | {sc.duration_s:g} s | {sc.seed} | "
             f"{sc.describe_faults()} | " + " | ".join(cells) + " |")
     add("")
     add("## Method")

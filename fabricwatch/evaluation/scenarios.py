@@ -30,6 +30,9 @@ Suites (``suite`` field):
   failing over to its sibling NIC, one without (the job hangs), one that shows uncorrectable
   FEC errors first, one that comes back; a leaf uplink; plus, in the same runs, an operator
   shutting a leaf port (90 s) and a NIC on its host (80 s), which must not fire.
+* ``*-cadence`` (in their suites): three fault-mix, two straggler and two dead-link
+  scenarios again at the node collector's real cadence (PFC-only ticks every 100 ms between
+  full snapshots every second): a tick without a column must say nothing about it.
 * ``must_not_fire``: storms shorter than T_detect, the NIC watchdog ending a storm after
   100 ms, XON floods (5 s; 110 s), pauses with nothing queued (an idle node's NIC pausing
   its leaf, a leaf port pausing an idle node: sonic-mgmt ``test_pfcwd_no_traffic``), admin port
@@ -51,6 +54,7 @@ True
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -64,7 +68,7 @@ from fabricwatch.collectors.faults import (
     LinkDown, NicAdminDown, SwitchLinkDown,
 )
 from fabricwatch.collectors.faults import ApplicationXid, PinnedCounter, SwitchPfcStorm, XidCascade
-from fabricwatch.collectors.simulator import DEFAULT_START_UNIX_NS, ClusterSimulator, Job, auto_jobs
+from fabricwatch.collectors.simulator import DEFAULT_START_UNIX_NS, Cadence, ClusterSimulator, Job, auto_jobs
 from fabricwatch.models.topology import Topology, rail_optimised
 
 __all__ = ["Scenario", "SuiteConfig", "build_suites", "expected_case_counts", "fault_class", "T_DETECT_S",
@@ -121,13 +125,22 @@ class Scenario:
     n_spines: int = 2
     note: str = ""
     switch_tx_pause_duration: bool = False   # switches export pfc<p>-tx-pause-duration-us (SONiC)
+    # 0: every tick is a full snapshot, every `interval_s`. > 0: the collectors' cadence,
+    # PFC-only ticks every `pfc_interval_s` between full snapshots every `interval_s`.
+    pfc_interval_s: float = 0.0
 
     def topology(self) -> Topology:
         return _topology(self.n_nodes, self.nodes_per_unit or min(32, self.n_nodes), self.n_spines)
 
     def simulator(self) -> ClusterSimulator:
-        return ClusterSimulator(self.topology(), seed=self.seed, interval_s=self.interval_s,
+        cadence = Cadence(self.pfc_interval_s, self.interval_s) if self.pfc_interval_s else None
+        return ClusterSimulator(self.topology(), seed=self.seed, interval_s=self.tick_s, cadence=cadence,
                                 faults=list(self.faults), switch_tx_pause_duration=self.switch_tx_pause_duration)
+
+    @property
+    def tick_s(self) -> float:
+        """Time between two ticks of the simulator (the fastest collector interval)."""
+        return self.pfc_interval_s or self.interval_s
 
     @property
     def simulator_start_ns(self) -> int:
@@ -135,7 +148,7 @@ class Scenario:
 
     @property
     def ticks(self) -> int:
-        return int(round(self.duration_s / self.interval_s))
+        return int(round(self.duration_s / self.tick_s))
 
     @property
     def node_hours(self) -> float:
@@ -153,6 +166,9 @@ class SuiteConfig:
     mix_scenarios: int = 12          # x 2 rounds: 24 cases of each fault-mix class
     link_down_scenarios: int = 14    # one dead NIC link each, a dead uplink every other: 21 cases
     straggler_scenarios: int = 14    # 1-2 stragglers each (one per multi-node job): >= 3 per cause
+    cadence_mix_scenarios: int = 3   # the same kinds of scenario again at the collectors' cadence
+    cadence_straggler_scenarios: int = 2
+    cadence_link_down_scenarios: int = 2
     storm_pair_scenarios: int = 6    # x 2 sequential single-port storms
     healthy_node_hours: float = 8.0  # long healthy runs (1 s sampling) for false alarms
     healthy_nodes: int = 32
@@ -421,6 +437,22 @@ def _link_down(i: int, seed: int, n_nodes: int = 8, duration_s: float = 150.0) -
 # --------------------------------------------------------------------------- must not fire
 
 
+# The node collector's real cadence: PFC counters every 100 ms between full snapshots every
+# second (`intervals.ethtool_pfc`), so most ticks carry no link labels, GPU gauges or sysfs
+# counters: a detector that took a missing column for a healthy one would flap here.
+COLLECTOR_PFC_INTERVAL_S = 0.1
+
+
+def _at_collector_cadence(cfg: SuiteConfig, seed: int) -> list[Scenario]:
+    """Fault-mix, straggler and dead-link scenarios again, sampled as the collectors sample."""
+    built = ([_fault_mix(i, seed + i) for i in range(cfg.cadence_mix_scenarios)]
+             + [_stragglers(i, seed + 20 + i) for i in range(cfg.cadence_straggler_scenarios)]
+             + [_link_down(i, seed + 40 + i) for i in range(cfg.cadence_link_down_scenarios)])
+    return [dataclasses.replace(sc, name=f"{sc.name}-cadence", pfc_interval_s=COLLECTOR_PFC_INTERVAL_S,
+                                note=f"{sc.note}; at the collectors' cadence (PFC-only ticks every 100 ms)")
+            for sc in built]
+
+
 def _must_not_fire(seed: int, quick: bool = False) -> list[Scenario]:
     out = []
     topo, busy, idle = _storm_cluster(seed)
@@ -576,6 +608,7 @@ def build_suites(cfg: SuiteConfig | None = None) -> list[Scenario]:
     out += [_storm_multi(kind, i, s0 + 400 + i) for i, kind in enumerate(multi)]
     out.append(_storm_long(s0 + 450))
     out += [_link_down(i, s0 + 600 + i) for i in range(cfg.link_down_scenarios)]
+    out += _at_collector_cadence(cfg, s0 + 700)
     out += _must_not_fire(s0 + 500)
     out += _healthy(cfg)
     return out
