@@ -807,3 +807,62 @@ def test_progress_counters_overhead_and_heartbeat_cpu():
         assert ns < 5000 and r.stats["collectives_entered"] == 7 * n
     finally:
         r.close(0.1)
+
+
+@pytest.mark.kafka
+async def test_mpi_job_with_a_rank_stuck_before_its_allreduce_is_named_a_hang_within_60_s(
+        kafka_bootstrap, tmp_path, unused_tcp_port):
+    """4 MPI ranks, real Allreduce every step; rank 1 sleeps forever before the all-reduce of
+    step 6 (its peers wait inside it). SDK heartbeats -> gateway -> Kafka -> `fabricwatch worker`
+    -> a `hang` event naming exactly rank 1, its node and GPU, within 60 s of the last completion."""
+    if not _mpi_available():
+        pytest.skip(MPI_MISSING)
+
+    hang_rank, hang_at = 1, 6
+    tag = uuid.uuid4().hex[:8]
+    app_id, job_id = f"fw-hang-{tag}", f"hang-{tag}"
+    worker = start_worker_in(tmp_path, kafka_bootstrap, app_id)
+    job = None
+    try:
+        async with running_gateway(kafka_bootstrap, unused_tcp_port) as listen:
+            env = {**os.environ, "FABRICWATCH_GATEWAY": listen, "FABRICWATCH_JOB_ID": job_id,
+                   "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                   "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+            cmd = ["mpirun", "-np", "4", "--oversubscribe", "--bind-to", "none",
+                   "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_vader_single_copy_mechanism", "none",
+                   "-x", "FABRICWATCH_GATEWAY", "-x", "FABRICWATCH_JOB_ID",
+                   sys.executable, str(TESTS / "dp_job.py"), "--steps", "1000", "--slow-rank", "-1",
+                   "--micro", "2", "--hang-rank", str(hang_rank), "--hang-at", str(hang_at)]
+            log_path = tmp_path / "mpirun.log"
+            with open(log_path, "wb") as log:
+                job = await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+                from test_pipeline_kafka import collect_anomalies
+
+                def named(found):
+                    return any(e.kind == "hang" and e.entity.job == job_id for _, e in found)
+
+                found = await collect_anomalies(kafka_bootstrap, named, 150, group=f"reader-{app_id}")
+                received_ns = time.time_ns()
+            mine = [e for _, e in found if e.kind == "hang" and e.entity.job == job_id]
+            assert mine, "no hang event; mpirun log:\n" + log_path.read_text()[-2000:] + "\nworker log:\n" + \
+                (tmp_path / f"{app_id}.log").read_text()[-3000:]
+            opened = mine[0]
+            assert opened.lifecycle == ev.LIFECYCLE_OPEN and opened.entity.rank == str(hang_rank), opened.summary
+            assert opened.entity.node and opened.entity.device.startswith("gpu")
+            assert "hanging before the all-reduce" in log_path.read_text()
+            evidence = {e.name: e for e in opened.evidence}
+            assert evidence["culprit_rule"].detail == "never_entered"
+            assert evidence["ranks_waiting"].value == 3
+            delay_s = (received_ns - opened.onset_unix_ns) / 1e9
+            print(f"hang named {delay_s:.1f} s after the last completion: {opened.summary}")
+            assert delay_s <= 60, delay_s
+    finally:
+        if job is not None and job.returncode is None:
+            job.terminate()
+            try:
+                await asyncio.wait_for(job.wait(), 15)
+            except asyncio.TimeoutError:
+                job.kill()
+                await job.wait()
+        worker.terminate()
+        worker.wait(30)
