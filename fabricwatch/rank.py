@@ -96,6 +96,12 @@ _NAME_BAD_CHARS = re.compile(r"[^A-Za-z0-9._:/@+=-]")
 MAX_NAME_LEN = 253
 MAX_STEPS_PER_SNAPSHOT = 4096     # the gateway's MAX_RANK_STEPS
 MAX_STEP_SECONDS = 24 * 3600.0    # the gateway drops longer steps (bad_rank_step)
+# The progress heartbeat's period (collectives entered/completed, sent even when no step
+# completes). The hang model (models/hang.py) names a hang 20 s after the last completion at
+# the earliest and calls a rank lost after three missed heartbeats (15 s): 5 s keeps a hang
+# named well inside 60 s, and costs one ~100-byte message per rank per 5 s (a 10,000-rank
+# job: 2,000 small messages a second at the gateway, batched per node).
+HEARTBEAT_INTERVAL_S = 5.0
 
 
 class StepRecord(NamedTuple):
@@ -225,6 +231,21 @@ class _StepContext:
         return False
 
 
+class _CollectiveContext:
+    __slots__ = ("_reporter",)
+
+    def __init__(self, reporter: RankReporter) -> None:
+        self._reporter = reporter
+
+    def __enter__(self) -> RankReporter:
+        self._reporter.collective_begin()
+        return self._reporter
+
+    def __exit__(self, *exc) -> bool:
+        self._reporter.collective_end()
+        return False
+
+
 class _CollectivesContext:
     __slots__ = ("_reporter",)
 
@@ -260,11 +281,13 @@ class RankReporter:
     def __init__(self, identity: RankIdentity, gateway: str = "", *, token: str = "", ca_cert: str = "",
                  server_name: str = "", cluster: str = "", max_buffered: int = 10_000,
                  flush_interval_s: float = 1.0, send_timeout_s: float = 5.0, backoff_max_s: float = 30.0,
-                 exit_flush_s: float = 2.0) -> None:
+                 exit_flush_s: float = 2.0, heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S) -> None:
         if max_buffered < 1:
             raise ValueError("max_buffered must be >= 1")
-        if not (flush_interval_s > 0 and send_timeout_s > 0 and backoff_max_s > 0 and exit_flush_s >= 0):
-            raise ValueError("need flush_interval_s, send_timeout_s, backoff_max_s > 0 and exit_flush_s >= 0")
+        if not (flush_interval_s > 0 and send_timeout_s > 0 and backoff_max_s > 0 and exit_flush_s >= 0
+                and heartbeat_interval_s > 0):
+            raise ValueError("need flush_interval_s, send_timeout_s, backoff_max_s, heartbeat_interval_s > 0 and "
+                             "exit_flush_s >= 0")
         self.identity = identity
         self.gateway = gateway.strip()
         self.token = token
@@ -276,6 +299,7 @@ class RankReporter:
         self.send_timeout_s = send_timeout_s
         self.backoff_max_s = max(backoff_max_s, flush_interval_s)
         self.exit_flush_s = exit_flush_s
+        self.heartbeat_interval_s = heartbeat_interval_s
         self.enabled = bool(self.gateway)
         # hot path state (the training thread writes these; the sender only reads the deque)
         self._queue: deque[tuple] = deque()     # bounded by max_buffered in step_end()
@@ -293,6 +317,15 @@ class RankReporter:
         self._misuse = 0
         self._step_ctx = _StepContext(self)
         self._coll_ctx = _CollectivesContext(self)
+        self._one_ctx = _CollectiveContext(self)
+        # progress counters (sequence numbers): the training thread writes, the sender reads
+        self._entered = 0
+        self._completed = 0
+        self._last_entered_ns = 0
+        self._last_completed_ns = 0
+        self._in_block = False
+        self._heartbeat: tuple | None = None      # the newest unsent heartbeat (older ones are moot)
+        self._heartbeat_at = -math.inf
         # sender state
         self._sender_stats: Counter[str] = Counter()
         self._unsent: deque[tuple] = deque()
@@ -349,6 +382,20 @@ class RankReporter:
         """Context manager around the gradient collectives of the current step."""
         return self._coll_ctx if self.enabled else _NULL
 
+    def collective(self):
+        """Context manager around one collective call (`collective_begin` / `collective_end`)."""
+        return self._one_ctx if self.enabled else _NULL
+
+    def collective_begin(self) -> None:
+        """One collective call entered: the progress heartbeat's ``entered`` sequence number."""
+        self._last_entered_ns = time.time_ns()   # the time first: a heartbeat never shows a count without one
+        self._entered += 1
+
+    def collective_end(self) -> None:
+        """That collective call left (returned or raised): ``completed``."""
+        self._last_completed_ns = time.time_ns()
+        self._completed += 1
+
     def step_begin(self, step: int | None = None) -> None:
         if not self.enabled:
             return
@@ -364,13 +411,19 @@ class RankReporter:
             self._misuse += 1
 
     def collectives_begin(self) -> None:
-        """Entering the collectives (idempotent while inside)."""
+        """Entering the collectives (idempotent while inside); counts one entered collective."""
+        if not self._in_block:
+            self._in_block = True
+            self.collective_begin()
         if self._t0 is None or self._coll_t is not None:
             return
         self._coll_t = time.perf_counter()
 
     def collectives_end(self) -> None:
         """Leaving the collectives; what follows in the step counts as busy again."""
+        if self._in_block:
+            self._in_block = False
+            self.collective_end()
         coll_t = self._coll_t
         if coll_t is None:
             return
@@ -384,6 +437,9 @@ class RankReporter:
             if self.enabled:
                 self._misuse += 1
             return
+        if self._in_block:
+            self._in_block = False
+            self.collective_end()
         try:
             inside = self._inside
             if self._coll_t is not None:
@@ -409,6 +465,9 @@ class RankReporter:
 
     def step_abort(self) -> None:
         """Forget the current step (it failed or was not a training step)."""
+        if self._in_block:          # the collectives were left (by an exception): not "inside" any more
+            self._in_block = False
+            self.collective_end()
         self._t0 = None
         self._coll_t = None
 
@@ -445,9 +504,17 @@ class RankReporter:
         batches, send_failures, rejected (by the gateway's validation), misuse."""
         out = {"steps": self._recorded, "dropped_buffer_full": self._dropped + self._sender_stats["dropped"],
                "buffered": len(self._queue) + len(self._unsent), "misuse": self._misuse}
-        for key in ("sent", "batches", "send_failures", "rejected", "dropped_parts"):
+        for key in ("sent", "batches", "send_failures", "rejected", "dropped_parts", "heartbeats"):
             out[key] = self._sender_stats[key]
+        out["collectives_entered"], out["collectives_completed"] = self._entered, self._completed
         return out
+
+    def progress(self) -> tuple:
+        """The heartbeat as it would go out now: identity, sampling time, entered, completed,
+        last entered and completed times, step (field for field a `RankProgress`)."""
+        last_c, completed = self._last_completed_ns, self._completed
+        last_e, entered = self._last_entered_ns, self._entered
+        return self._prefix + (time.time_ns(), entered, min(completed, entered), last_e, last_c, self._step)
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Ask the sender to send everything now and wait (bounded); True when all acked."""
@@ -512,6 +579,7 @@ class RankReporter:
                 if stopping:
                     self._ship(client, self._final_deadline)
                     return
+                self._beat()
                 if backoff and time.monotonic() < self._retry_at:
                     continue
                 ok = self._ship(client, None)
@@ -525,6 +593,13 @@ class RankReporter:
         finally:
             self._idle.set()
             client.close()
+
+    def _beat(self) -> None:
+        """Queue a progress heartbeat when one is due (from the first collective on)."""
+        now = time.monotonic()
+        if self._entered and now - self._heartbeat_at >= self.heartbeat_interval_s:
+            self._heartbeat_at = now
+            self._heartbeat = self.progress()
 
     def _ship(self, client: _Client, deadline: float | None) -> bool:
         """Send what is queued; False when the gateway could not be reached."""
@@ -543,10 +618,13 @@ class RankReporter:
                     if timeout <= 0.05:
                         return False
                 batch = list(itertools.islice(unsent, MAX_STEPS_PER_SNAPSHOT))
-                ok, ack = client.send(batch, next(self._batch_ids), timeout)
+                beat = self._heartbeat
+                ok, ack = client.send(batch, next(self._batch_ids), timeout, beat)
                 if not ok:
                     self._sender_stats["send_failures"] += 1
                     return False
+                if beat is not None:
+                    self._heartbeat_sent(beat)
                 for _ in batch:
                     unsent.popleft()
                 self._sender_stats["batches"] += 1
@@ -559,10 +637,24 @@ class RankReporter:
                 if deadline is None:
                     while queue:
                         unsent.append(queue.popleft())
+            beat = self._heartbeat
+            if beat is not None:
+                ok, ack = client.send([], next(self._batch_ids), self.send_timeout_s if deadline is None else
+                                      max(0.05, deadline - time.monotonic()), beat)
+                if not ok:
+                    self._sender_stats["send_failures"] += 1
+                    return False
+                self._heartbeat_sent(beat)
             return True
         finally:
             if not self._queue:
                 self._idle.set()
+
+
+    def _heartbeat_sent(self, beat: tuple) -> None:
+        self._sender_stats["heartbeats"] += 1
+        if self._heartbeat is beat:
+            self._heartbeat = None
 
 
 class _Client:
@@ -589,9 +681,11 @@ class _Client:
         self.metadata = (("authorization", f"Bearer {reporter.token}"),) if reporter.token else None
         self.seq = 0
 
-    def send(self, batch: list[tuple], batch_id: int, timeout: float):
+    def send(self, batch: list[tuple], batch_id: int, timeout: float, beat: tuple | None = None):
         pb = self.pb
         by_node: dict[str, list] = {}
+        if beat is not None:
+            by_node[beat[3]] = []
         for rec in batch:
             by_node.setdefault(rec[3], []).append(pb.RankStep(
                 job_id=rec[0], rank=rec[1], world_size=rec[2], node=rec[3], local_gpu=rec[4], step=rec[5],
@@ -601,8 +695,14 @@ class _Client:
         snaps = []
         for node, steps in by_node.items():
             self.seq += 1
-            snaps.append(pb.Snapshot(cluster=self.r.cluster, source=node, source_kind=pb.SOURCE_KIND_NODE,
-                                     time_unix_ns=now, seq=self.seq, rank_steps=steps))
+            snap = pb.Snapshot(cluster=self.r.cluster, source=node, source_kind=pb.SOURCE_KIND_NODE,
+                               time_unix_ns=now, seq=self.seq, rank_steps=steps)
+            if beat is not None and node == beat[3]:
+                snap.rank_progress.add(job_id=beat[0], rank=beat[1], world_size=beat[2], node=beat[3],
+                                       local_gpu=beat[4], time_unix_ns=beat[5], collectives_entered=beat[6],
+                                       collectives_completed=beat[7], last_entered_unix_ns=beat[8],
+                                       last_completed_unix_ns=beat[9], step=beat[10])
+            snaps.append(snap)
         try:
             ack = self.send_rpc(pb.IngestBatch(batch_id=batch_id, snapshots=snaps), timeout=timeout,
                                 metadata=self.metadata)
@@ -675,7 +775,9 @@ def instrument_torch(reporter: RankReporter, model: Any = None, optimizer: Any =
       is open and autograd is on (a ``torch.no_grad()`` forward, e.g. validation between
       steps, is no training step: it would open one that runs into the next); the DDP comm hook is wrapped so that the first gradient bucket handed to
       the collectives marks the entry into them. ``comm_hook`` defaults to DDP's own
-      ``allreduce_hook``; pass yours (PowerSGD, fp16 compression...) to keep it.
+      ``allreduce_hook``; pass yours (PowerSGD, fp16 compression...) to keep it. Each
+      bucket's collective also counts in the progress heartbeat (entered when handed to
+      the hook, completed when its future completes: `collective_begin`/`collective_end`).
     * ``optimizer``: a step pre-hook marks the end of the collectives (DDP's backward has
       waited for them) and a step post-hook ends the step.
 
@@ -704,12 +806,22 @@ def instrument_torch(reporter: RankReporter, model: Any = None, optimizer: Any =
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook as comm_hook
         inner = comm_hook
 
+        def _done(fut):
+            reporter.collective_end()       # the bucket's all-reduce left (done or failed)
+            return fut.value()
+
         def _comm_hook(state, bucket):
             if reporter._coll_t is None and reporter._t0 is not None:
                 if sync is not None:
                     sync()
                 reporter.collectives_begin()
-            return inner(state, bucket)
+            reporter.collective_begin()     # one progress sequence number per gradient bucket
+            fut = inner(state, bucket)
+            then = getattr(fut, "then", None)
+            if then is None:                # not a torch Future (a synchronous hook): left already
+                reporter.collective_end()
+                return fut
+            return then(_done)
 
         model.register_comm_hook(comm_state, _comm_hook)
     if optimizer is not None:

@@ -105,6 +105,22 @@ class RankStep:
     collective_wait_seconds: float
 
 
+@dataclass(frozen=True)
+class RankProgress:
+    """One rank's collective-progress heartbeat (`RankProgress` of telemetry.proto)."""
+    job_id: str
+    rank: int
+    world_size: int
+    node: str
+    local_gpu: int
+    time_ns: int              # when the rank sampled its counters
+    entered: int              # collectives entered since the process started
+    completed: int            # ... and completed (<= entered)
+    last_entered_ns: int      # 0 = never
+    last_completed_ns: int    # 0 = never
+    step: int = 0
+
+
 @dataclass
 class SourceView:
     """One tick of one node or switch."""

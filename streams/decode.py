@@ -26,8 +26,8 @@ from collections.abc import Iterable
 import numpy as np
 from google.protobuf import json_format
 
-from fabricwatch.models.frames import (GPU, NIC_PORT, SWITCH_PORT, DeviceEvent, EntityFrame, FrameStack, RankStep,
-                                       SourceBatch, SourceView)
+from fabricwatch.models.frames import (GPU, NIC_PORT, SWITCH_PORT, DeviceEvent, EntityFrame, FrameStack, RankProgress,
+                                       RankStep, SourceBatch, SourceView)
 from fabricwatch.protos.v1 import records_pb2 as rec
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 
@@ -64,6 +64,12 @@ def to_view(snap: pb.Snapshot) -> SourceView:
     view.events = [DeviceEvent(e.entity_id, e.kind, e.code, e.time_unix_ns, e.detail) for e in snap.events]
     view.rank_steps = rank_steps_of(snap)
     return view
+
+
+def rank_progress_of(snap: pb.Snapshot) -> list[RankProgress]:
+    return [RankProgress(r.job_id, r.rank, r.world_size, r.node, r.local_gpu, r.time_unix_ns, r.collectives_entered,
+                         r.collectives_completed, r.last_entered_unix_ns, r.last_completed_unix_ns, r.step)
+            for r in snap.rank_progress]
 
 
 def rank_steps_of(snap: pb.Snapshot) -> list[RankStep]:

@@ -426,14 +426,14 @@ def split_records(snaps: list[pb.Snapshot], received_ns: int = 0, max_record_byt
                   refused: list[pb.Snapshot] | None = None) -> list[tuple[str, bytes, bytes]]:
     """A batch's validated snapshots as Kafka records: per source its ticks (rank steps
     removed) in one `SourceRecord` or a few, each at most ``max_record_bytes``; per job its
-    rank steps in one carrier `Snapshot` or a few. A tick too big for a record alone (its
+    rank steps and progress heartbeats in one carrier `Snapshot` or a few. A tick too big for a record alone (its
     counters packed fixed-width) is left out and appended to ``refused``."""
     records: list[tuple[str, bytes, bytes]] = []
     by_source: dict[str, list[pb.Snapshot]] = {}
-    by_job: dict[str, list[pb.RankStep]] = {}
+    by_job: dict[str, list[pb.RankStep | pb.RankProgress]] = {}
     carrier_of: dict[str, pb.Snapshot] = {}
     for snap in snaps:
-        for rs in snap.rank_steps:
+        for rs in (*snap.rank_steps, *snap.rank_progress):
             by_job.setdefault(rs.job_id, []).append(rs)
             carrier_of.setdefault(rs.job_id, snap)
         if snap.blocks or snap.events:
@@ -442,14 +442,16 @@ def split_records(snaps: list[pb.Snapshot], received_ns: int = 0, max_record_byt
         ticks.sort(key=lambda s: s.time_unix_ns)
         for part in _cut(ticks, lambda part: pack(part, received_ns).SerializeToString(), max_record_bytes, refused):
             records.append((topics.TELEMETRY, source.encode(), part))
-    for job_id, steps in by_job.items():
+    for job_id, items in by_job.items():
         first = carrier_of[job_id]
 
-        def carrier(part: list[pb.RankStep], first: pb.Snapshot = first) -> bytes:
+        def carrier(part: list, first: pb.Snapshot = first) -> bytes:
             return pb.Snapshot(cluster=first.cluster, source=first.source, source_kind=first.source_kind,
-                               time_unix_ns=first.time_unix_ns, seq=first.seq, rank_steps=part).SerializeToString()
+                               time_unix_ns=first.time_unix_ns, seq=first.seq,
+                               rank_steps=[r for r in part if isinstance(r, pb.RankStep)],
+                               rank_progress=[r for r in part if isinstance(r, pb.RankProgress)]).SerializeToString()
 
-        for part in _cut(steps, carrier, max_record_bytes, None):
+        for part in _cut(items, carrier, max_record_bytes, None):
             records.append((topics.RANK_STEPS, job_id.encode(), part))
     return records
 

@@ -29,7 +29,7 @@ from . import facts as fact_codec
 from .cloudevents import CloudEventError, anomaly_headers
 from .codec import RecordError, pause_change_from_json, pause_change_to_json
 from .decode import RecordError as TelemetryRecordError
-from .decode import rank_steps_of, to_batch
+from .decode import rank_progress_of, rank_steps_of, to_batch
 from .events import to_event
 from .facts import Fact
 from .source_stage import SourceStage, partition_idle
@@ -183,16 +183,23 @@ class StageHandlers:
             self._malformed("rank-steps", raw, exc)
             return []
         steps = rank_steps_of(snap)
+        progress = rank_progress_of(snap)
+        received_ns = (timestamp_ms or 0) * 1_000_000
         stage.accounting.rebuilding = rebuilding
         try:
             outs = self._guarded(f"rank steps from {snap.source}",
-                                 lambda: [stage.add(steps, snap.cluster, (timestamp_ms or 0) * 1_000_000)])
+                                 lambda: [stage.add(steps, snap.cluster, received_ns)]) if steps or not progress else []
+            hangs = self._guarded(f"rank progress from {snap.source}",
+                                  lambda: stage.add_progress(progress, snap.cluster, received_ns)) if progress else []
         finally:
             stage.accounting.rebuilding = False
-        if not outs or rebuilding:
+        if rebuilding:
             return []
+        out = self.anomalies(hangs or [], timestamp_ms)
+        if not outs:
+            return out
         found, placements = outs[0]
-        return self.anomalies(found, timestamp_ms) + self.facts(placements, partition, timestamp_ms)
+        return self.anomalies(found, timestamp_ms) + out + self.facts(placements, partition, timestamp_ms)
 
     def on_release(self, stage: StragglerStage, partition: int) -> list[Record]:
         """Stage 3 when the facts' watermark moved: the held steps it now covers."""

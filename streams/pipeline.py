@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 
 from fabricwatch.models.findings import Finding
-from fabricwatch.models.frames import RankStep, SourceBatch
+from fabricwatch.models.frames import RankProgress, RankStep, SourceBatch
 from fabricwatch.models.node_health import HealthBook
 from fabricwatch.models.nominal import NominalRates
 from fabricwatch.models.pfc_storm import PauseStateChange
@@ -25,7 +25,7 @@ from fabricwatch.models.topology import Topology
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 
 from .config import DetectionConfig
-from .decode import rank_steps_of, snapshot_batch
+from .decode import rank_progress_of, rank_steps_of, snapshot_batch
 from .facts import FactBook
 from .source_stage import SourceOutput, SourceStage
 from .storm_stage import StormStage
@@ -90,6 +90,17 @@ class DetectionPipeline:
         self.stats["findings"] += len(findings)
         return findings
 
+    def add_rank_progress(self, progress: list[RankProgress], cluster: str) -> list[Finding]:
+        """Progress heartbeats (any jobs): the hang detector, per job, at once."""
+        by_job: dict[str, list[RankProgress]] = {}
+        for p in progress:
+            by_job.setdefault(p.job_id, []).append(p)
+        findings: list[Finding] = []
+        for job_progress in by_job.values():
+            findings += self.stragglers.add_progress(job_progress, cluster)
+        self.stats["findings"] += len(findings)
+        return findings
+
     def process(self, snap: pb.Snapshot) -> list[Finding]:
         """One snapshot: its counters through stages 1 and 2, then its rank steps."""
         findings: list[Finding] = []
@@ -97,6 +108,8 @@ class DetectionPipeline:
             findings += self.process_batch(snapshot_batch(snap))
         if snap.rank_steps:
             findings += self.add_rank_steps(rank_steps_of(snap), snap.cluster)
+        if snap.rank_progress:
+            findings += self.add_rank_progress(rank_progress_of(snap), snap.cluster)
         return findings
 
     def tick_cluster(self, now_ns: int) -> list[Finding]:

@@ -22,7 +22,7 @@ from fabricwatch.models.findings import Finding
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 
-from .decode import pack, rank_steps_of, to_batch
+from .decode import pack, rank_progress_of, rank_steps_of, to_batch
 from .events import to_event
 from .pipeline import DetectionPipeline
 from .recording import read_snapshots
@@ -86,13 +86,15 @@ def _window(snaps: list[pb.Snapshot], pipeline: DetectionPipeline) -> list[Findi
     # sources in the order of their first tick (as they would arrive), names breaking ties
     for source in sorted(by_source, key=lambda src: (by_source[src][0].time_unix_ns, src)):
         # rank-step carriers (the rank SDK's) are not ticks of the source; empty ticks are (it is alive)
-        ticks = [s for s in by_source[source] if s.blocks or s.events or not s.rank_steps]
+        ticks = [s for s in by_source[source] if s.blocks or s.events or not (s.rank_steps or s.rank_progress)]
         if ticks:
             batches.append(to_batch(pack(ticks)))
     findings = pipeline.process_batches(batches)
     for snap in snaps:
         if snap.rank_steps:
             findings += pipeline.add_rank_steps(rank_steps_of(snap), snap.cluster)
+        if snap.rank_progress:
+            findings += pipeline.add_rank_progress(rank_progress_of(snap), snap.cluster)
     return findings
 
 

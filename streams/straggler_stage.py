@@ -18,6 +18,10 @@ on the rank steps' own event time: a backlog's rank steps are read minutes ahead
 telemetry (a few small records per job against hundreds per node), and that is exactly
 when they must wait. Memory bounds the hold instead (`MAX_HELD_RECORDS`).
 
+The same partition's progress heartbeats (`RankProgress`, the rank SDK's) go to the job's
+`models.hang.HangDetector` at once, not held: a hang must be named within a minute, and
+its root (an XID, a NIC gone down) is in the health digests from before the hang.
+
 The nodes each job reported from are published as `JobPlacement` facts (the storm locator
 names the jobs on a storm's victims with them).
 """
@@ -28,7 +32,8 @@ import time
 from collections import Counter
 
 from fabricwatch.models.findings import Finding
-from fabricwatch.models.frames import RankStep
+from fabricwatch.models.frames import RankProgress, RankStep
+from fabricwatch.models.hang import HangDetector
 from fabricwatch.models.node_health import LOOKAHEAD_S
 from fabricwatch.models.straggler import StragglerDetector
 
@@ -65,6 +70,7 @@ class StragglerStage:
     def __init__(self, config: DetectionConfig, facts: FactBook) -> None:
         self.facts = facts
         self.detector = StragglerDetector(health=facts.health)
+        self.hangs = HangDetector(health=facts.health)
         self.accounting = Accounting("rank_steps", config.max_sample_age_s)
         self._held: list[tuple[int, int, str, str, list[RankStep], int]] = []   # heap
         self._seq = 0
@@ -82,6 +88,7 @@ class StragglerStage:
     def rebind(self, facts: FactBook) -> None:
         self.facts = facts
         self.detector.health = facts.health
+        self.hangs.health = facts.health
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -91,6 +98,8 @@ class StragglerStage:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        if "hangs" not in state:               # a state saved before hang detection existed
+            self.hangs = HangDetector(health=self.detector.health)
         self.clock, self.wall_clock_ns = time.monotonic, time.time_ns
         if self._watermark_seen is not None:    # the wall clock of another process: wait from now
             self._watermark_seen = (self._watermark_seen[0], self.clock())
@@ -110,6 +119,7 @@ class StragglerStage:
                 steps = plausible
                 end = max(map(_end_ns, steps), default=0)
         if steps:
+            self.hangs.add_steps(steps)
             self._seq += 1
             heapq.heappush(self._held, (end, self._seq, cluster, steps[0].job_id, steps, received_ns))
             self.stats["held_records"] += 1
@@ -119,6 +129,19 @@ class StragglerStage:
             # now; the next release emits, again, what it had emitted (same event ids).
             return [], []
         return self.release()
+
+    def add_progress(self, progress: list[RankProgress], cluster: str, received_ns: int = 0) -> list[Finding]:
+        """Progress heartbeats of one record (one job's): judged at once, never held."""
+        if not progress:
+            return []
+        latest_ns = self.wall_clock_ns() + int(MAX_AHEAD_OF_CLOCK_S * 1e9)
+        plausible = [p for p in progress if p.time_ns <= latest_ns]
+        self.stats["implausible_rank_progress"] += len(progress) - len(plausible)
+        started = time.perf_counter()
+        found = self.hangs.add_progress(plausible, cluster=cluster)
+        if self.accounting.rebuilding:
+            return []            # the state is refolded; what it found was emitted by the previous owner
+        return self.accounting.settle(found, progress[0].job_id, received_ns, started)
 
     def release(self, everything: bool = False) -> tuple[list[Finding], list[JobPlacement]]:
         """Feed the detector every held report the watermark has passed (or ``everything``), oldest first."""

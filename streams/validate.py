@@ -6,7 +6,8 @@ whose value count does not match its entities x columns, an entity with a bad or
 id, a label column of the wrong length, an out-of-range or infinite gauge (set to NaN,
 i.e. "not read"), a rank step with impossible timings, an absurd step number or world
 size, a start time outside the gateway's clock window, or a node its sender may not
-report for. Every problem has a reason code, counted by the gateway and returned to the
+report for; a rank progress heartbeat likewise (and one whose counters are impossible:
+completed above entered, or going back within the snapshot). Every problem has a reason code, counted by the gateway and returned to the
 sender.
 
 Every check is linear in the size of the input (sets, never list scans inside loops):
@@ -31,6 +32,7 @@ MAX_BLOCKS = 32
 MAX_ENTITIES_PER_BLOCK = 4096
 MAX_COLUMNS = 2048
 MAX_RANK_STEPS = 4096
+MAX_RANK_PROGRESS = 4096         # heartbeats in one snapshot (a node's ranks, a few periods each)
 MAX_EVENTS = 4096
 MAX_LABEL_COLUMNS = 64           # rate, state, phys_state, link_layer, netdev, uuid, bdf, ...: a handful
 MAX_NAME_LEN = 253
@@ -40,6 +42,8 @@ MAX_EVENT_DETAIL_LEN = 1024
 MAX_WORLD_SIZE = 1 << 20
 MAX_STEP_NUMBER = 1 << 40
 MAX_LOCAL_GPU = 255
+# Collectives entered by one process: 10^4 a second for a year is ~3e11; more is garbage.
+MAX_COLLECTIVES = 1 << 48
 # Event time must be within this window around the gateway's clock (clock skew, replays).
 MAX_FUTURE_SKEW_NS = 5 * 60 * 10**9
 MAX_AGE_NS = 7 * 24 * 3600 * 10**9
@@ -112,13 +116,15 @@ def validate_snapshot(snap: pb.Snapshot, now_ns: int, may_report: Callable[[str]
         v.problem("timestamp_out_of_range",
                   f"{snap.source}: time {snap.time_unix_ns} ns is more than 5 min ahead of or 7 days behind the gateway")
         return v
-    if len(snap.blocks) > MAX_BLOCKS or len(snap.rank_steps) > MAX_RANK_STEPS or len(snap.events) > MAX_EVENTS:
+    if len(snap.blocks) > MAX_BLOCKS or len(snap.rank_steps) > MAX_RANK_STEPS or len(snap.events) > MAX_EVENTS \
+            or len(snap.rank_progress) > MAX_RANK_PROGRESS:
         v.problem("too_large", f"{snap.source}: {len(snap.blocks)} blocks, {len(snap.rank_steps)} rank steps, "
-                               f"{len(snap.events)} events exceed the limits")
+                               f"{len(snap.rank_progress)} progress reports, {len(snap.events)} events exceed the limits")
         return v
     v.accepted = True
     _validate_blocks(snap, v)
     _validate_rank_steps(snap, v, now_ns, may_report)
+    _validate_rank_progress(snap, v, now_ns, may_report)
     _validate_events(snap, v, now_ns)
     return v
 
@@ -325,6 +331,62 @@ def _validate_rank_steps(snap: pb.Snapshot, v: Verdict, now_ns: int,
             drop.add(i)
     if drop:
         _keep_repeated(snap.rank_steps, drop, pb.RankStep)
+
+
+def _rank_progress_problem(rp: pb.RankProgress, now_ns: int,
+                           may_report: Callable[[str], bool] | None) -> tuple[str, str]:
+    """(reason, detail) for a progress heartbeat that must be dropped, or ("", "")."""
+    if _bad_name(rp.job_id):
+        return "bad_rank_progress", f"rank progress with job id {rp.job_id[:64]!r} dropped"
+    where = f"job {rp.job_id} rank {rp.rank}"
+    if rp.world_size == 0 or rp.world_size > MAX_WORLD_SIZE or rp.rank >= rp.world_size:
+        return "bad_rank_progress", f"{where}: rank outside world size {rp.world_size} (at most {MAX_WORLD_SIZE})"
+    if rp.collectives_entered > MAX_COLLECTIVES or rp.collectives_completed > rp.collectives_entered:
+        return "bad_rank_progress", (f"{where}: {rp.collectives_completed} collectives completed of "
+                                     f"{rp.collectives_entered} entered (completed > entered, or absurd)")
+    if rp.step > MAX_STEP_NUMBER or rp.local_gpu > MAX_LOCAL_GPU:
+        return "bad_rank_progress", f"{where}: step {rp.step} or local GPU {rp.local_gpu} is absurd"
+    if not _in_clock_window(rp.time_unix_ns, now_ns) or any(
+            t and not (now_ns - MAX_AGE_NS <= t <= rp.time_unix_ns)
+            for t in (rp.last_entered_unix_ns, rp.last_completed_unix_ns)):
+        return "rank_progress_time_out_of_range", (
+            f"{where}: sampled at {rp.time_unix_ns} ns, last entered {rp.last_entered_unix_ns}, last completed "
+            f"{rp.last_completed_unix_ns}: outside the gateway's clock window or after the sampling time")
+    if (rp.collectives_entered and not rp.last_entered_unix_ns) or \
+            (rp.collectives_completed and not rp.last_completed_unix_ns):
+        return "bad_rank_progress", f"{where}: collectives counted without the time of the last one"
+    if _bad_name(rp.node):
+        return "bad_rank_progress", f"{where}: node {rp.node[:64]!r} is empty or not a host name"
+    if may_report is not None and not may_report(rp.node):
+        return "rank_progress_not_allowed", f"{where}: the sender may not report for node {rp.node[:64]!r}"
+    return "", ""
+
+
+def _validate_rank_progress(snap: pb.Snapshot, v: Verdict, now_ns: int,
+                            may_report: Callable[[str], bool] | None) -> None:
+    """Drop bad heartbeats; within one snapshot a rank's heartbeats must be monotone (in
+    sampling time, counters never going back). Across snapshots a counter that goes back is
+    a restarted process, which the hang model handles (`models.hang`)."""
+    drop = set()
+    newest: dict[tuple[str, int], pb.RankProgress] = {}
+    order = sorted(range(len(snap.rank_progress)), key=lambda i: snap.rank_progress[i].time_unix_ns)
+    for i in order:
+        rp = snap.rank_progress[i]
+        reason, detail = _rank_progress_problem(rp, now_ns, may_report)
+        if not reason:
+            prev = newest.get((rp.job_id, rp.rank))
+            if prev is not None and (rp.collectives_entered < prev.collectives_entered
+                                     or rp.collectives_completed < prev.collectives_completed):
+                reason, detail = "rank_progress_not_monotone", (
+                    f"job {rp.job_id} rank {rp.rank}: counters {rp.collectives_entered}/{rp.collectives_completed} "
+                    f"went back from {prev.collectives_entered}/{prev.collectives_completed} within one snapshot")
+            else:
+                newest[(rp.job_id, rp.rank)] = rp
+        if reason:
+            v.problem(reason, f"{snap.source}: {detail}")
+            drop.add(i)
+    if drop:
+        _keep_repeated(snap.rank_progress, drop, pb.RankProgress)
 
 
 def _validate_events(snap: pb.Snapshot, v: Verdict, now_ns: int) -> None:

@@ -13,6 +13,9 @@ rank and world size from Open MPI's variables)::
     mpirun -np 4 --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 \\
         python tests/dp_job.py --steps 30 --slow-rank 2 --slow-from 10 --out /tmp/dp
 
+With ``--hang-rank R --hang-at S`` rank R stops before the all-reduce of step S and sleeps
+forever (its peers wait inside that all-reduce; the test kills the job).
+
 With ``--out DIR`` each rank writes ``DIR/rank<r>.json`` at exit, after the SDK's exit flush:
 its identity, per-step start times and losses, and the reporter's stats.
 """
@@ -44,6 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--out", default="", help="directory for rank<r>.json reports")
+    p.add_argument("--hang-rank", type=int, default=-1, help="this rank stops before the all-reduce of --hang-at")
+    p.add_argument("--hang-at", type=int, default=10, help="the step whose all-reduce --hang-rank never enters")
     return p.parse_args(argv)
 
 
@@ -111,6 +116,10 @@ def main(argv=None) -> int:
                     loss += mb_loss / args.micro
                     grad[:n1] += g_w1.ravel() / args.micro
                     grad[n1:] += g_w2.ravel() / args.micro
+            if rank == args.hang_rank and step == args.hang_at:
+                print(f"rank {rank}: hanging before the all-reduce of step {step}", flush=True)
+                while True:                       # a stuck process: alive, never enters the collective
+                    time.sleep(1.0)
             with reporter.collectives():
                 comm.Allreduce(grad, total, op=MPI.SUM)
             total /= world

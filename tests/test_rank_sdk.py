@@ -748,3 +748,121 @@ async def test_mpi_job_with_a_slowed_rank_is_named_a_straggler(kafka_bootstrap, 
             await job.wait()
         worker.terminate()
         worker.wait(30)
+
+
+# -- progress heartbeat (hang localisation) -----------------------------------------------------
+def test_heartbeat_carries_sequence_numbers_while_a_step_is_stuck_inside_its_collectives():
+    """No step completes (the rank sits inside its collectives), yet heartbeats go out, validated."""
+    with fake_gateway() as (gw, target):
+        r = RankReporter(IDENT, target, flush_interval_s=0.05, heartbeat_interval_s=0.2, exit_flush_s=1.0)
+        try:
+            for _ in range(3):
+                with r.step():
+                    with r.collective():            # explicit per-call counters, inside the block
+                        pass
+            r.step_begin()
+            r.collectives_begin()                   # ... and stuck here
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and len({p.time_unix_ns for s in gw.snapshots
+                                                       for p in s.rank_progress}) < 3:
+                time.sleep(0.05)
+            beats = [p for s in gw.snapshots for p in s.rank_progress]
+            assert len(beats) >= 3, r.stats
+            last = beats[-1]
+            # 3 steps of one counted call each entered and completed, then the 4th step's block entered only
+            assert (last.job_id, last.rank, last.node, last.local_gpu) == (IDENT.job_id, IDENT.rank, IDENT.node,
+                                                                          IDENT.local_gpu)
+            assert (last.collectives_entered, last.collectives_completed) == (4, 3)
+            assert last.last_completed_unix_ns <= last.last_entered_unix_ns <= last.time_unix_ns
+            assert len(gw.steps) == 3 and r.stats["heartbeats"] >= 3 and r.stats["rejected"] == 0
+            r.step_abort()                          # an exception left the collectives: not inside any more
+            assert r.progress()[6:8] == (4, 4)
+        finally:
+            r.close(1.0)
+
+
+def test_progress_counters_overhead_and_heartbeat_cpu():
+    """The numbers docs/rank-sdk.md states: ns per counted collective call, heartbeat CPU per second."""
+    r = RankReporter(IDENT, f"127.0.0.1:{closed_port()}", flush_interval_s=0.01, backoff_max_s=0.02,
+                     exit_flush_s=0.1, heartbeat_interval_s=0.01)
+    try:
+        n = 20000
+        per_call = []
+        for _ in range(7):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                r.collective_begin()
+                r.collective_end()
+            per_call.append((time.perf_counter() - t0) / n)
+        ns = sorted(per_call)[3] * 1e9
+        # heartbeat building alone (what the sender thread adds every HEARTBEAT_INTERVAL_S)
+        t0 = time.process_time()
+        for _ in range(n):
+            r._heartbeat_at = -1e9
+            r._beat()
+        beat_us = (time.process_time() - t0) / n * 1e6
+        print(f"progress counters: {ns:.0f} ns per collective (begin+end); heartbeat build {beat_us:.2f} µs "
+              f"-> {beat_us / rank_mod.HEARTBEAT_INTERVAL_S:.3f} µs CPU per second at the default period, "
+              "plus one unary Send per period")
+        assert ns < 5000 and r.stats["collectives_entered"] == 7 * n
+    finally:
+        r.close(0.1)
+
+
+@pytest.mark.kafka
+async def test_mpi_job_with_a_rank_stuck_before_its_allreduce_is_named_a_hang_within_60_s(
+        kafka_bootstrap, tmp_path, unused_tcp_port):
+    """4 MPI ranks, real Allreduce every step; rank 1 sleeps forever before the all-reduce of
+    step 6 (its peers wait inside it). SDK heartbeats -> gateway -> Kafka -> `fabricwatch worker`
+    -> a `hang` event naming exactly rank 1, its node and GPU, within 60 s of the last completion."""
+    if not _mpi_available():
+        pytest.skip(MPI_MISSING)
+
+    hang_rank, hang_at = 1, 6
+    tag = uuid.uuid4().hex[:8]
+    app_id, job_id = f"fw-hang-{tag}", f"hang-{tag}"
+    worker = start_worker_in(tmp_path, kafka_bootstrap, app_id)
+    job = None
+    try:
+        async with running_gateway(kafka_bootstrap, unused_tcp_port) as listen:
+            env = {**os.environ, "FABRICWATCH_GATEWAY": listen, "FABRICWATCH_JOB_ID": job_id,
+                   "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                   "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+            cmd = ["mpirun", "-np", "4", "--oversubscribe", "--bind-to", "none",
+                   "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_vader_single_copy_mechanism", "none",
+                   "-x", "FABRICWATCH_GATEWAY", "-x", "FABRICWATCH_JOB_ID",
+                   sys.executable, str(TESTS / "dp_job.py"), "--steps", "1000", "--slow-rank", "-1",
+                   "--micro", "2", "--hang-rank", str(hang_rank), "--hang-at", str(hang_at)]
+            log_path = tmp_path / "mpirun.log"
+            with open(log_path, "wb") as log:
+                job = await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+                from test_pipeline_kafka import collect_anomalies
+
+                def named(found):
+                    return any(e.kind == "hang" and e.entity.job == job_id for _, e in found)
+
+                found = await collect_anomalies(kafka_bootstrap, named, 150, group=f"reader-{app_id}")
+                received_ns = time.time_ns()
+            mine = [e for _, e in found if e.kind == "hang" and e.entity.job == job_id]
+            assert mine, "no hang event; mpirun log:\n" + log_path.read_text()[-2000:] + "\nworker log:\n" + \
+                (tmp_path / f"{app_id}.log").read_text()[-3000:]
+            opened = mine[0]
+            assert opened.lifecycle == ev.LIFECYCLE_OPEN and opened.entity.rank == str(hang_rank), opened.summary
+            assert opened.entity.node and opened.entity.device.startswith("gpu")
+            assert "hanging before the all-reduce" in log_path.read_text()
+            evidence = {e.name: e for e in opened.evidence}
+            assert evidence["culprit_rule"].detail == "never_entered"
+            assert evidence["ranks_waiting"].value == 3
+            delay_s = (received_ns - opened.onset_unix_ns) / 1e9
+            print(f"hang named {delay_s:.1f} s after the last completion: {opened.summary}")
+            assert delay_s <= 60, delay_s
+    finally:
+        if job is not None and job.returncode is None:
+            job.terminate()
+            try:
+                await asyncio.wait_for(job.wait(), 15)
+            except asyncio.TimeoutError:
+                job.kill()
+                await job.wait()
+        worker.terminate()
+        worker.wait(30)
