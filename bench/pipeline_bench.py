@@ -218,12 +218,14 @@ async def latency(bootstrap: str, listen: str, workdir: Path, nodes: int, rate_p
         for i in range(ticks):
             snaps = [s for s in sim.tick() if s.source_kind == pb.SOURCE_KIND_NODE]
             now = time.time_ns()
-            # Fresh timestamps, keeping each tick's offsets (a full tick's PFC-only and full
-            # snapshots must not collide as duplicates).
-            tick_ns = min(s.time_unix_ns for s in snaps)
+            # Fresh timestamps (the simulated nodes' clock skews dropped); a source's second
+            # snapshot of a tick (a full tick's PFC-only and full reads) 1 µs later, so that
+            # the two are not taken for duplicates.
+            seen: dict[str, int] = {}
             for k, s in enumerate(snaps):
                 del s.rank_steps[:]
-                s.time_unix_ns = now + (s.time_unix_ns - tick_ns)
+                n = seen[s.source] = seen.get(s.source, -1) + 1
+                s.time_unix_ns = now + n * 1000
                 rate = next((c for b in s.blocks if b.entity_kind == pb.ENTITY_KIND_NIC_PORT
                              for c in b.labels if c.name == "rate"), None)
                 if k < flip_nodes and rate is not None:     # full ticks only: PFC-only ticks carry no rate
