@@ -96,6 +96,7 @@ class JobPlacement:
     job_id: str
     nodes: tuple[str, ...]
     last_step_ns: int
+    ranks: int = 0          # distinct ranks (one GPU each); 0: not known
 
 
 Fact = NodeHealth | Progress | NominalVote | JobPlacement
@@ -154,7 +155,7 @@ class FactBook:
             if len(self._placements) >= MAX_PLACEMENTS:
                 return
         self._placements[key] = p
-        if before is None or before.nodes != p.nodes:
+        if before is None or before.nodes != p.nodes or before.ranks != p.ranks:
             for node in before.nodes if before else ():
                 jobs = self.jobs_by_node.get(node)
                 if jobs is not None:
@@ -164,6 +165,15 @@ class FactBook:
             for node in p.nodes:
                 self.jobs_by_node.setdefault(node, set()).add(p.job_id)
             self.placements_version += 1
+
+    def job_ranks(self, cluster: str, job_id: str) -> int:
+        """The GPUs (ranks) of a placed job; 0 when its placement says nothing of them."""
+        p = self._placements.get((cluster, job_id))
+        return p.ranks if p is not None else 0
+
+    def job_nodes(self, cluster: str, job_id: str) -> int:
+        p = self._placements.get((cluster, job_id))
+        return len(p.nodes) if p is not None else 0
 
     def _expire_placements(self, now_ns: int) -> None:
         for key, p in list(self._placements.items()):
@@ -209,6 +219,7 @@ def encode(fact: Fact) -> tuple[bytes, bytes]:
         msg.placement.cluster, msg.placement.job_id = fact.cluster, fact.job_id
         msg.placement.nodes.extend(fact.nodes)
         msg.placement.last_step_unix_ns = fact.last_step_ns
+        msg.placement.ranks = fact.ranks
     return key_of(fact), msg.SerializeToString()
 
 
@@ -239,5 +250,5 @@ def decode(value: bytes) -> Fact:
         return NominalVote(msg.vote.cluster, msg.vote.node, msg.vote.rate, msg.vote.weight)
     if which == "placement":
         return JobPlacement(msg.placement.cluster, msg.placement.job_id, tuple(msg.placement.nodes),
-                            msg.placement.last_step_unix_ns)
+                            msg.placement.last_step_unix_ns, msg.placement.ranks)
     raise FactError("an empty facts record")
