@@ -233,3 +233,48 @@ def test_tail_lines_show_the_impact():
     view = LiveView("t", out=out)
     view.add(_event("node-0001", 3.0, 1.0))
     assert "3 GPU-h +1/h" in out.getvalue()
+
+
+# ---------------------------------------------------------------------------------- eval
+def test_rank_metrics():
+    from fabricwatch.evaluation.impact import spearman, top_overlap
+
+    assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 1, 2, 3], [5, 5, 6, 7]) == pytest.approx(1.0)         # ties averaged
+    assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
+    assert top_overlap([9, 8, 7, 1, 0, 5], [0, 1, 7, 8, 9, 5], k=3) == pytest.approx(1 / 3)
+    assert top_overlap([], []) is None
+    with pytest.raises(ValueError):
+        spearman([1, 2, 3], [1, 2])
+
+
+def test_truth_is_what_the_job_did_not_progress():
+    from fabricwatch.collectors.faults import GroundTruth
+    from fabricwatch.evaluation.impact import TAIL_S, truth_gpu_hours
+
+    # one step a second, except no progress at all from 100 s to 200 s (a stall)
+    # job k: one step a second, half that from 100 s to 150 s (a straggler)
+    slow = [t * S for t in range(100)] + [int((100 + 2 * i) * S) for i in range(25)] + [t * S for t in range(150, 400)]
+    progress = {"j": [(t * S, t if t < 100 else (99 if t < 200 else t - 100)) for t in range(0, 400)],
+                "k": [(t, i) for i, t in enumerate(slow)]}
+    stall = GroundTruth("gpu_xid", "node-0001/gpu0", 100 * S, 200 * S)
+    idle = GroundTruth("link_flap", "node-0009/mlx5_0/1", 100 * S, 200 * S)
+    straggler = GroundTruth("straggler", "job/k/rank/3", 100 * S, 150 * S)
+    jobs = {"j": ("node-0001", "node-0002"), "k": ("node-0003",)}
+    lost = truth_gpu_hours([stall, idle, straggler], jobs, 4, progress, 0, 400 * S)
+    assert lost[1] is None                               # no job on that node
+    assert lost[0] == pytest.approx(8 * 100 / 3600, rel=0.05)   # 8 GPUs, 100 s of nothing (the tail is healthy)
+    assert lost[2] == pytest.approx(4 * 25 / 3600, rel=0.1)     # 4 GPUs, half of 50 s
+    assert TAIL_S > 0
+
+
+def test_eval_measures_truth_and_ranks_our_impact():
+    from fabricwatch.evaluation.report import FABRICWATCH, run_scenario, score
+    from fabricwatch.evaluation.scenarios import _stragglers
+
+    run = run_scenario(_stragglers(0, 200), (FABRICWATCH,))
+    stragglers = [gt for gt in run.truths if gt.kind == "straggler" and gt.expect_alert]
+    assert stragglers and all(gt.gpu_hours_lost is not None and gt.gpu_hours_lost > 0 for gt in stragglers)
+    ranking = score([run], (FABRICWATCH,)).impact_ranking
+    assert ranking["straggler"]["pairs"] == len(stragglers)
+    assert ranking["straggler"]["ours_gpu_hours"] > 0
