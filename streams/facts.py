@@ -11,7 +11,7 @@ key                            value                            written by
 ``health/<cluster>/<node>``    `NodeHealth` digest (episodes)   stage 1, node's partition
 ``nominal/<cluster>/<node>``   the node's nominal-rate vote     stage 1, node's partition
 ``progress/<topic>/<p>``       stage 1 done with partition p    stage 1 of partition p
-``placement/<cluster>/<job>``  the nodes of a job               stage 3, the job's partition
+``placement/<cluster>/<job>``  the nodes and GPUs of a job      stage 3, the job's partition
 =============================  ===============================  ===========================
 
 Each writer sends to the facts partition of the same number as its input partition, so a
