@@ -97,6 +97,7 @@ class JobPlacement:
     nodes: tuple[str, ...]
     last_step_ns: int
     ranks: int = 0          # distinct ranks (one GPU each); 0: not known
+    first_step_ns: int = 0  # its first step seen; 0: not known
 
 
 Fact = NodeHealth | Progress | NominalVote | JobPlacement
@@ -171,6 +172,11 @@ class FactBook:
         p = self._placements.get((cluster, job_id))
         return p.ranks if p is not None else 0
 
+    def job_first_step_ns(self, cluster: str, job_id: str) -> int:
+        """When a placed job's first step was seen (0: not known)."""
+        p = self._placements.get((cluster, job_id))
+        return p.first_step_ns if p is not None else 0
+
     def job_nodes(self, cluster: str, job_id: str) -> int:
         p = self._placements.get((cluster, job_id))
         return len(p.nodes) if p is not None else 0
@@ -220,6 +226,7 @@ def encode(fact: Fact) -> tuple[bytes, bytes]:
         msg.placement.nodes.extend(fact.nodes)
         msg.placement.last_step_unix_ns = fact.last_step_ns
         msg.placement.ranks = fact.ranks
+        msg.placement.first_step_unix_ns = fact.first_step_ns
     return key_of(fact), msg.SerializeToString()
 
 
@@ -250,5 +257,5 @@ def decode(value: bytes) -> Fact:
         return NominalVote(msg.vote.cluster, msg.vote.node, msg.vote.rate, msg.vote.weight)
     if which == "placement":
         return JobPlacement(msg.placement.cluster, msg.placement.job_id, tuple(msg.placement.nodes),
-                            msg.placement.last_step_unix_ns, msg.placement.ranks)
+                            msg.placement.last_step_unix_ns, msg.placement.ranks, msg.placement.first_step_unix_ns)
     raise FactError("an empty facts record")

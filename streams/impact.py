@@ -8,6 +8,9 @@ RESOLVED carries the cost as of its own detection time. The jobs an anomaly touc
 * of a switch port: the jobs on the node at its far end (topology);
 * a storm: the jobs on the source's and the victims' nodes (``related``).
 
+A job that stalls is restarted from its last checkpoint; the work since then is at most what
+it did since its first step seen (its placement's ``first_step_ns``), else the model's default.
+
 With no job known there, the node's GPUs (the topology's ``gpus_per_node``; a storm: per
 victim node) stand in, and the impact is ``estimated``. Time is event time only (onset
 to ``detected_ns``); which jobs are known is this worker's placements, as for the storm
@@ -62,9 +65,17 @@ def jobs_of(finding: Finding, facts: FactBook | None, topology: Topology | None,
     if finding.entity.job:
         n = gpus(finding.entity.job)
         return ([JobShare(finding.entity.job, n)] if n else []), per_node
+    def since_checkpoint_s(job: str) -> float | None:
+        # the work since its last checkpoint is at most what it did since its first step here:
+        # what came before was in the checkpoint it started from
+        first = facts.job_first_step_ns(cluster, job)
+        if not first or first > finding.onset_ns:
+            return None
+        return min(MODEL.since_checkpoint_s, (finding.onset_ns - first) / 1e9)
+
     nodes = _nodes(finding, topology)
     ids = sorted(set().union(*(facts.jobs_by_node.get(n, ()) for n in nodes))) if nodes else []
-    shares = [JobShare(j, g) for j in ids if (g := gpus(j))]
+    shares = [JobShare(j, g, since_checkpoint_s(j)) for j in ids if (g := gpus(j))]
     return shares, per_node * max(1, len(nodes))
 
 

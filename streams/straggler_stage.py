@@ -161,14 +161,16 @@ class StragglerStage:
             if len(self._placements) >= MAX_JOBS:
                 self.stats["jobs_refused"] += 1
                 return False
-            entry = self._placements[key] = [set(), 0, -(2**62), False, 0]
-        if len(entry) < 5:                              # a checkpoint from before ranks were placed
-            entry.append(0)
+            entry = self._placements[key] = [set(), 0, -(2**62), False, 0, 0]
+        if len(entry) < 6:                              # a checkpoint from before ranks were placed
+            entry += [0, 0][len(entry) - 4:]
         nodes, before, ranks_before = entry[0], len(entry[0]), entry[4]
         nodes.update(s.node for s in steps)
         entry[4] = max(ranks_before, max(max(s.world_size, s.rank + 1) for s in steps))   # the job's GPUs
         entry[3] = entry[3] or len(nodes) != before or entry[4] != ranks_before
         entry[1] = max(entry[1], max(s.start_ns for s in steps))
+        first = min(s.start_ns for s in steps)
+        entry[5] = min(entry[5], first) if entry[5] else first
         return True
 
     def _job_gpus(self, cluster: str, job: str) -> int:
@@ -177,12 +179,12 @@ class StragglerStage:
         return entry[4] if entry is not None and len(entry) > 4 else 0
 
     def _placement_due(self, key: tuple[str, str]) -> JobPlacement | None:
-        nodes, last_ns, sent_ns, changed, ranks = self._placements[key][:5]
+        nodes, last_ns, sent_ns, changed, ranks, first_ns = self._placements[key][:6]
         since = last_ns - sent_ns
         if not (changed and since >= PLACEMENT_MIN_INTERVAL_NS) and since < PLACEMENT_REFRESH_NS:
             return None
         self._placements[key][2:4] = [last_ns, False]
-        return JobPlacement(key[0], key[1], tuple(sorted(nodes)), last_ns, ranks)
+        return JobPlacement(key[0], key[1], tuple(sorted(nodes)), last_ns, ranks, first_ns)
 
     def flush(self) -> tuple[list[Finding], list[JobPlacement]]:
         """Release everything held (the end of a replay)."""

@@ -278,3 +278,16 @@ def test_eval_measures_truth_and_ranks_our_impact():
     ranking = score([run], (FABRICWATCH,)).impact_ranking
     assert ranking["straggler"]["pairs"] == len(stragglers)
     assert ranking["straggler"]["ours_gpu_hours"] > 0
+
+
+def test_the_work_redone_after_a_stall_is_at_most_what_the_job_did_here():
+    book = FactBook()
+    book.apply(JobPlacement("c1", "young", ("node-0002",), T0 + HOUR, ranks=8, first_step_ns=T0 + HOUR - 120 * S))
+    stall = _finding("gpu_xid", severity=CRITICAL, onset_ns=T0 + HOUR, detected_ns=T0 + HOUR)
+    [f] = assess([stall], book, None)
+    assert f.impact_gpu_hours == pytest.approx(8 * 120 / 3600, abs=1e-5)   # 2 minutes old: 2 minutes redone, not 15
+    old = FactBook()
+    old.apply(JobPlacement("c1", "old", ("node-0002",), T0 + HOUR, ranks=8, first_step_ns=T0))
+    [g] = assess([stall], old, None)
+    assert g.impact_gpu_hours == pytest.approx(8 * DEFAULT_SINCE_CHECKPOINT_S / 3600, abs=1e-5)
+    assert fact_codec.decode(fact_codec.encode(JobPlacement("c1", "j", (), T0, 8, T0 - S))[1]).first_step_ns == T0 - S
