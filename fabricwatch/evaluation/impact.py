@@ -17,7 +17,7 @@ costliest, over 5, or over the count when fewer).
 
 >>> round(spearman([1.0, 2.0, 3.0, 4.0], [10.0, 30.0, 20.0, 40.0]), 3)
 0.8
->>> top_overlap([5.0, 1.0, 4.0], [3.0, 2.0, 9.0], k=2)
+>>> top_overlap([5.0, 1.0, 4.0], [3.0, 9.0, 2.0], k=2)    # ours: 0 and 2; truth: 1 and 0
 0.5
 """
 from __future__ import annotations
