@@ -68,6 +68,8 @@ BREAKER_WINDOW_S = 600.0
 # replayed or back-dated one) is alerted on, never executed.
 MAX_ANOMALY_AGE_S = 600.0
 COOLDOWN_S = 1800.0
+# Impact thresholds above this are typos: a week of a 100,000-GPU fleet is ~1.7e7 GPU-hours.
+MAX_IMPACT_GPU_HOURS = 1e9
 QUIET_PERIOD_S = 3600.0
 FLAP_WINDOW_S = 86400.0
 FLAP_MAX_UNDOS = 2
@@ -84,10 +86,16 @@ class Match:
     scope: str = SCOPE_ANY
     causes: frozenset[str] = frozenset()     # empty: any cause code
     clusters: frozenset[str] = frozenset()   # empty: any cluster
+    min_impact_gpu_hours: float = 0.0        # GPU-hours lost so far (AnomalyEvent.impact_gpu_hours)
+    min_impact_gpu_hours_per_hour: float = 0.0   # its rate while open
 
     def matches(self, event: ev.AnomalyEvent) -> bool:
         severity = _SEVERITY_OF_PROTO.get(event.severity, INFO)
         if SEVERITY_RANK[severity] < SEVERITY_RANK[self.min_severity]:
+            return False
+        if event.impact_gpu_hours < self.min_impact_gpu_hours:
+            return False
+        if event.impact_gpu_hours_per_hour < self.min_impact_gpu_hours_per_hour:
             return False
         if self.kinds and event.kind not in self.kinds:
             return False
@@ -230,6 +238,9 @@ def _rule(item: Any, path: str) -> Rule:
         scope=m.choice("scope", SCOPE_ANY, SCOPES),
         causes=frozenset(m.names("cause", CAUSE_CODES, what="cause code", one_or_many=True)),
         clusters=frozenset(m.names("cluster", None, what="cluster", one_or_many=True)),
+        min_impact_gpu_hours=m.number("min_impact_gpu_hours", 0.0, low=0.0, high=MAX_IMPACT_GPU_HOURS),
+        min_impact_gpu_hours_per_hour=m.number("min_impact_gpu_hours_per_hour", 0.0, low=0.0,
+                                               high=MAX_IMPACT_GPU_HOURS),
     )
     m.finish()
     actions = tuple(sec.names("actions", ACTION_KINDS - set(UNDO_OF), what="action kind"))

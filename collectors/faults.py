@@ -587,6 +587,9 @@ class GroundTruth:
     related: tuple[str, ...] = ()
     expect_alert: bool = True
     detail: dict = field(default_factory=dict, compare=False, hash=False)
+    # GPU-hours the fault cost its jobs, measured on the simulated jobs' progress
+    # (`fabricwatch.evaluation.impact`); None until measured, or when it touched no job.
+    gpu_hours_lost: float | None = field(default=None, compare=False, hash=False)
 
     def active_at(self, unix_ns: int) -> bool:
         return self.onset_unix_ns <= unix_ns and (self.offset_unix_ns is None or unix_ns < self.offset_unix_ns)

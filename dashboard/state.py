@@ -40,6 +40,7 @@ import numpy as np
 
 from fabricwatch.lograte import RateLimitedLogger
 from fabricwatch.models.frames import EntityFrame
+from fabricwatch.models.impact import projected_gpu_hours
 from fabricwatch.models.linkrate import parse_ib_rate
 from fabricwatch.models.rates import RateTracker
 from fabricwatch.models.topology import Topology
@@ -791,13 +792,22 @@ class FabricState:
                              "silent": self.silent(name, now_ns)})
         return {"rails": rails, "gpus": n_gpus, "nodes_total": len(names), "offset": offset, "limit": limit,
                 "rows": rows, "switches": switches, "switches_total": len(self.switches),
-                "open_anomalies": self.open_summary(), "open_total": len(self.open),
+                "open_anomalies": self.open_summary(now_ns=now_ns), "open_total": len(self.open),
                 "topology_source": "file" if self.topology is not None else "telemetry"}
 
-    def open_summary(self, limit: int = MAX_OPEN_SHOWN) -> list[dict]:
-        """The most severe, newest open anomalies first, at most `limit`."""
-        events = heapq.nsmallest(limit, self.open.values(), key=lambda e: (-e.severity, -e.detected_unix_ns))
-        return [anomaly_dict(e) for e in events]
+    def open_summary(self, limit: int = MAX_OPEN_SHOWN, now_ns: int | None = None) -> list[dict]:
+        """The open anomalies that cost the most first (GPU-hours lost by ``now_ns``: what each one's
+        latest event said plus its rate since), then the most severe, newest; at most `limit`.
+        Without ``now_ns``: as of the newest event shown."""
+        if now_ns is None:
+            now_ns = max((e.detected_unix_ns for e in self.open.values()), default=0)
+
+        def cost(e: ev.AnomalyEvent) -> float:
+            return projected_gpu_hours(e.impact_gpu_hours, e.impact_gpu_hours_per_hour, e.detected_unix_ns, now_ns)
+
+        ranked = heapq.nsmallest(limit, ((-cost(e), -e.severity, -e.detected_unix_ns, e.dedup_key, e)
+                                         for e in self.open.values()), key=lambda t: t[:4])
+        return [{**anomaly_dict(e), "impact_gpu_hours_now": round(-c, 6)} for c, _, _, _, e in ranked]
 
     def entity_kind(self, path: str) -> str:
         parts = path.split("/")
@@ -966,6 +976,9 @@ def anomaly_dict(e: ev.AnomalyEvent) -> dict:
         "confidence": _finite(e.confidence), "probable_cause": e.probable_cause,
         "cause_code": getattr(e, "cause_code", ""), "suggested_action": e.suggested_action,
         "summary": e.summary, "detector": e.detector,
+        "impact_gpu_hours": _finite(e.impact_gpu_hours),
+        "impact_gpu_hours_per_hour": _finite(e.impact_gpu_hours_per_hour),
+        "impact_basis": e.impact_basis,
     }
 
 

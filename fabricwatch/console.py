@@ -8,6 +8,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from datetime import datetime, timezone
 
+from fabricwatch.models.impact import ESTIMATED, projected_gpu_hours
 from fabricwatch.protos.v1 import events_pb2 as ev
 
 _SEVERITY = {ev.SEVERITY_INFO: "INFO", ev.SEVERITY_WARNING: "WARN", ev.SEVERITY_CRITICAL: "CRIT"}
@@ -20,14 +21,22 @@ def _clock(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%H:%M:%S.%f")[:-3]
 
 
+def impact_text(event: ev.AnomalyEvent) -> str:
+    """"12.3 GPU-h +64/h~": lost so far (as of the event), the rate while open; ~ when estimated."""
+    if not event.impact_basis:
+        return ""
+    rate = f" +{event.impact_gpu_hours_per_hour:.3g}/h" if event.lifecycle != ev.LIFECYCLE_RESOLVED else ""
+    return f"{event.impact_gpu_hours:.3g} GPU-h{rate}{'~' if event.impact_basis == ESTIMATED else ''}"
+
+
 def format_event(event: ev.AnomalyEvent, colour: bool = False) -> str:
-    """One line per event: event time, lifecycle, severity, kind, summary, detection delay."""
+    """One line per event: event time, lifecycle, severity, kind, impact, summary, detection delay."""
     delay_s = (event.emitted_unix_ns - event.detected_unix_ns) / 1e9 if event.emitted_unix_ns else 0.0
     sev = _SEVERITY.get(event.severity, "?")
     if colour:
         sev = f"{_COLOUR.get(event.severity, '')}{sev}{_RESET}"
     return (f"{_clock(event.detected_unix_ns)} {_LIFECYCLE.get(event.lifecycle, '?'):8} {sev:4} "
-            f"{event.kind:16} {event.summary}  [+{delay_s:.2f}s]")
+            f"{event.kind:16} {impact_text(event):18} {event.summary}  [+{delay_s:.2f}s]")
 
 
 class LiveView:
@@ -62,7 +71,11 @@ class LiveView:
             return
         rows = [f"\033[H\033[2J\033[1m{self.title}\033[0m   {time.strftime('%H:%M:%S')}   {self.status}", ""]
         rows.append(f"\033[1mOPEN ANOMALIES ({len(self.open)})\033[0m")
-        for e in sorted(self.open.values(), key=lambda e: (-e.severity, e.detected_unix_ns))[:20]:
+        now_ns = time.time_ns()
+        by_cost = sorted(self.open.values(), key=lambda e: (-projected_gpu_hours(
+            e.impact_gpu_hours, e.impact_gpu_hours_per_hour, e.detected_unix_ns, now_ns), -e.severity,
+            e.detected_unix_ns))
+        for e in by_cost[:20]:
             rows.append("  " + format_event(e, colour=True))
         rows += ["", "\033[1mLATEST EVENTS\033[0m"] + ["  " + r for r in self.recent]
         rows += ["", "opened so far: " + (", ".join(f"{k}={v}" for k, v in sorted(self.counts.items())) or "none"),

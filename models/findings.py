@@ -55,6 +55,10 @@ class Finding:
     summary: str = ""
     detector: str = ""
     related: list[EntityRef] = field(default_factory=list)
+    # What it costs (models/impact.py), as of detected_ns; set by the stream layer, not detectors.
+    impact_gpu_hours: float = 0.0
+    impact_gpu_hours_per_hour: float = 0.0
+    impact_basis: str = ""    # "measured" | "estimated" | "" (not assessed)
 
     @property
     def dedup_key(self) -> str:

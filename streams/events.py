@@ -43,4 +43,7 @@ def to_event(finding: Finding, emitted_ns: int) -> ev.AnomalyEvent:
         summary=finding.summary,
         related=[_path(r) for r in finding.related],
         detector=finding.detector,
+        impact_gpu_hours=finding.impact_gpu_hours,
+        impact_gpu_hours_per_hour=finding.impact_gpu_hours_per_hour,
+        impact_basis=finding.impact_basis,
     )

@@ -11,7 +11,7 @@ key                            value                            written by
 ``health/<cluster>/<node>``    `NodeHealth` digest (episodes)   stage 1, node's partition
 ``nominal/<cluster>/<node>``   the node's nominal-rate vote     stage 1, node's partition
 ``progress/<topic>/<p>``       stage 1 done with partition p    stage 1 of partition p
-``placement/<cluster>/<job>``  the nodes of a job               stage 3, the job's partition
+``placement/<cluster>/<job>``  the nodes and GPUs of a job      stage 3, the job's partition
 =============================  ===============================  ===========================
 
 Each writer sends to the facts partition of the same number as its input partition, so a
@@ -96,6 +96,8 @@ class JobPlacement:
     job_id: str
     nodes: tuple[str, ...]
     last_step_ns: int
+    ranks: int = 0          # distinct ranks (one GPU each); 0: not known
+    first_step_ns: int = 0  # its first step seen; 0: not known
 
 
 Fact = NodeHealth | Progress | NominalVote | JobPlacement
@@ -154,7 +156,7 @@ class FactBook:
             if len(self._placements) >= MAX_PLACEMENTS:
                 return
         self._placements[key] = p
-        if before is None or before.nodes != p.nodes:
+        if before is None or before.nodes != p.nodes or before.ranks != p.ranks:
             for node in before.nodes if before else ():
                 jobs = self.jobs_by_node.get(node)
                 if jobs is not None:
@@ -164,6 +166,20 @@ class FactBook:
             for node in p.nodes:
                 self.jobs_by_node.setdefault(node, set()).add(p.job_id)
             self.placements_version += 1
+
+    def job_ranks(self, cluster: str, job_id: str) -> int:
+        """The GPUs (ranks) of a placed job; 0 when its placement says nothing of them."""
+        p = self._placements.get((cluster, job_id))
+        return p.ranks if p is not None else 0
+
+    def job_first_step_ns(self, cluster: str, job_id: str) -> int:
+        """When a placed job's first step was seen (0: not known)."""
+        p = self._placements.get((cluster, job_id))
+        return p.first_step_ns if p is not None else 0
+
+    def job_nodes(self, cluster: str, job_id: str) -> int:
+        p = self._placements.get((cluster, job_id))
+        return len(p.nodes) if p is not None else 0
 
     def _expire_placements(self, now_ns: int) -> None:
         for key, p in list(self._placements.items()):
@@ -209,6 +225,8 @@ def encode(fact: Fact) -> tuple[bytes, bytes]:
         msg.placement.cluster, msg.placement.job_id = fact.cluster, fact.job_id
         msg.placement.nodes.extend(fact.nodes)
         msg.placement.last_step_unix_ns = fact.last_step_ns
+        msg.placement.ranks = fact.ranks
+        msg.placement.first_step_unix_ns = fact.first_step_ns
     return key_of(fact), msg.SerializeToString()
 
 
@@ -239,5 +257,5 @@ def decode(value: bytes) -> Fact:
         return NominalVote(msg.vote.cluster, msg.vote.node, msg.vote.rate, msg.vote.weight)
     if which == "placement":
         return JobPlacement(msg.placement.cluster, msg.placement.job_id, tuple(msg.placement.nodes),
-                            msg.placement.last_step_unix_ns)
+                            msg.placement.last_step_unix_ns, msg.placement.ranks, msg.placement.first_step_unix_ns)
     raise FactError("an empty facts record")

@@ -32,6 +32,7 @@ import collections
 import dataclasses
 import fnmatch
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -76,6 +77,7 @@ class Subscription:
     replay_seconds: int = 0
     scope: tuple[str, ...] = ("*",)    # the token's source globs (`streams.auth.Collector.sources`)
     cluster_scope: str = ""            # the token's cluster (or the feed's); "": any
+    min_impact_gpu_hours_per_hour: float = 0.0
 
     @classmethod
     def from_request(cls, request: fpb.SubscribeRequest, max_replay_s: int) -> Subscription:
@@ -86,8 +88,12 @@ class Subscription:
             raise ValueError(f"min_severity {request.min_severity} is not a Severity")
         if request.replay_seconds > max_replay_s:
             raise ValueError(f"replay_seconds {request.replay_seconds} is over this server's limit of {max_replay_s}")
+        if not (math.isfinite(request.min_impact_gpu_hours_per_hour) and request.min_impact_gpu_hours_per_hour >= 0):
+            raise ValueError(f"min_impact_gpu_hours_per_hour must be a number >= 0, got "
+                             f"{request.min_impact_gpu_hours_per_hour}")
         return cls(frozenset(request.kinds), request.min_severity, request.cluster, request.job,
-                   request.include_actions, request.include_audit, request.replay_seconds)
+                   request.include_actions, request.include_audit, request.replay_seconds,
+                   min_impact_gpu_hours_per_hour=request.min_impact_gpu_hours_per_hour)
 
     def topics(self) -> list[str]:
         wanted = {"anomaly": True, "action": self.include_actions, "audit": self.include_audit}
@@ -97,6 +103,8 @@ class Subscription:
         message = event.message
         if isinstance(message, ev.AnomalyEvent):
             return (self._kind_ok(message.kind) and message.severity >= self.min_severity
+                    and (message.lifecycle == ev.LIFECYCLE_RESOLVED
+                         or message.impact_gpu_hours_per_hour >= self.min_impact_gpu_hours_per_hour)
                     and self._cluster_ok(message.entity.cluster)
                     and self._job_ok([message.entity, *message.related]) and self._scope_ok(message.entity))
         wanted = self.include_actions if event.topic_kind == "action" else self.include_audit

@@ -47,6 +47,7 @@ from fabricwatch.models.watermark import LowWatermark
 from .accounting import Accounting
 from .config import DetectionConfig
 from .facts import Fact, FactBook, NominalVote, Progress
+from .impact import assess
 
 # The partition's progress goes out each time its low watermark advanced this much of event
 # time: half the node collector's PFC interval, so that live it trails the newest sample by
@@ -83,9 +84,14 @@ class SourceStage:
     the topic (what stage 2 and 3 wait for); replay uses one stream for everything.
     """
 
+    # checkpoints from before impact lack these: their findings' impact is estimated
+    topology: Topology | None = None
+    facts: FactBook | None = None
+
     def __init__(self, config: DetectionConfig, topology: Topology | None, facts: FactBook,
                  topic: str = "replay", partition: int = 0, partitions: int = 1) -> None:
         self.config = config
+        self.facts, self.topology = facts, topology
         self.topic, self.partition, self.partitions = topic, partition, partitions
         self.stream = f"{topic}/{partition}"
         self.streams = tuple(f"{topic}/{i}" for i in range(partitions))
@@ -110,6 +116,7 @@ class SourceStage:
         """After a restore: use this worker's shared facts (the nominal rates are not state)."""
         self.downgrade.nominal = facts.nominal
         self.health.nominal = facts.nominal
+        self.facts = facts
 
     # -- records ----------------------------------------------------------------------------
     def observe(self, batch: SourceBatch) -> SourceOutput:
@@ -177,6 +184,8 @@ class SourceStage:
         out.facts += [NominalVote(*vote) for vote in self.downgrade.take_votes()]
         self._progress(batch, out)
         findings.sort(key=lambda f: (f.detected_ns, f.kind, f.entity.path()))
+        if findings:
+            findings = assess(findings, self.facts, self.topology)
         out.findings = self.accounting.settle(findings, batch.source, batch.received_ns, started)
         return out
 

@@ -33,6 +33,7 @@ from fabricwatch.models.watermark import LowWatermark
 from .accounting import Accounting
 from .config import DetectionConfig
 from .facts import FactBook
+from .impact import assess
 
 # Clusters with a locator per stage instance; more is id churn (refused, counted).
 MAX_CLUSTERS = 1024
@@ -87,13 +88,13 @@ class StormStage:
         """One record of stage 1 (a watchdog change, or a partition's progress)."""
         started = time.perf_counter()
         if isinstance(record, SourceProgress) and not record.cluster:
-            return self.accounting.settle(self._partition_progress(record), "", received_ns, started)
+            return self.accounting.settle(self._assessed(self._partition_progress(record)), "", received_ns, started)
         if isinstance(record, SourceProgress):          # per-source progress (a stage 1 without partitions)
             cluster = record.cluster
             self._newest_ns = max(self._newest_ns, max(record.through_ns_by_source.values(), default=0))
             loc = self._locator(cluster)
             found = loc.progress(record) if loc is not None else []
-            return self.accounting.settle(found, cluster, received_ns, started)
+            return self.accounting.settle(self._assessed(found), cluster, received_ns, started)
         cluster = record.entity.cluster
         self._newest_ns = max(self._newest_ns, record.at_ns)
         if self._partitions is None:
@@ -108,7 +109,10 @@ class StormStage:
             if len(self._held) > MAX_HELD_CHANGES:
                 self.stats["changes_applied_early"] += 1
                 found = self._release(self._held[0][0])
-        return self.accounting.settle(found, cluster, received_ns, started)
+        return self.accounting.settle(self._assessed(found), cluster, received_ns, started)
+
+    def _assessed(self, found: list[Finding]) -> list[Finding]:
+        return assess(found, self.facts, self.topology) if found else found
 
     def _apply(self, change: PauseStateChange) -> list[Finding]:
         loc = self._locator(change.entity.cluster)
@@ -162,7 +166,7 @@ class StormStage:
         """
         started = time.perf_counter()
         at_ns = min(now_ns, self._newest_ns) if self._newest_ns else now_ns
-        found = [f for loc in self._locators.values() for f in loc.poll(at_ns)]
+        found = self._assessed([f for loc in self._locators.values() for f in loc.poll(at_ns)])
         self.accounting.account(found, started, stage="cluster_timer")
         return found
 

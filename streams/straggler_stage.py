@@ -40,6 +40,7 @@ from fabricwatch.models.straggler import StragglerDetector
 from .accounting import Accounting
 from .config import DetectionConfig
 from .facts import FactBook, JobPlacement
+from .impact import assess
 
 # The facts' watermark did not move for this long on the wall clock while reports were
 # held (longer than a partition takes to be declared idle, or to move in a rebalance):
@@ -141,6 +142,8 @@ class StragglerStage:
         found = self.hangs.add_progress(plausible, cluster=cluster)
         if self.accounting.rebuilding:
             return []            # the state is refolded; what it found was emitted by the previous owner
+        if found:
+            found = assess(found, self.facts, None, self._job_gpus)     # a hang stalls its whole job
         return self.accounting.settle(found, progress[0].job_id, received_ns, started)
 
     def release(self, everything: bool = False) -> tuple[list[Finding], list[JobPlacement]]:
@@ -164,9 +167,11 @@ class StragglerStage:
                 self.stats["released_before_health"] += 1     # held too long, or too many held
             started = time.perf_counter()
             found = self.detector.add_steps(steps, cluster=cluster)
-            findings += self.accounting.settle(found, job, received_ns, started)
             if self._place(cluster, job, steps):
                 touched.add((cluster, job))
+            if found:
+                found = assess(found, self.facts, None, self._job_gpus)
+            findings += self.accounting.settle(found, job, received_ns, started)
         for key in sorted(touched):
             placement = self._placement_due(key)
             if placement is not None:
@@ -181,20 +186,30 @@ class StragglerStage:
             if len(self._placements) >= MAX_JOBS:
                 self.stats["jobs_refused"] += 1
                 return False
-            entry = self._placements[key] = [set(), 0, -(2**62), False]
-        nodes, before = entry[0], len(entry[0])
+            entry = self._placements[key] = [set(), 0, -(2**62), False, 0, 0]
+        if len(entry) < 6:                              # a checkpoint from before ranks were placed
+            entry += [0, 0][len(entry) - 4:]
+        nodes, before, ranks_before = entry[0], len(entry[0]), entry[4]
         nodes.update(s.node for s in steps)
-        entry[3] = entry[3] or len(nodes) != before
+        entry[4] = max(ranks_before, max(max(s.world_size, s.rank + 1) for s in steps))   # the job's GPUs
+        entry[3] = entry[3] or len(nodes) != before or entry[4] != ranks_before
         entry[1] = max(entry[1], max(s.start_ns for s in steps))
+        first = min(s.start_ns for s in steps)
+        entry[5] = min(entry[5], first) if entry[5] else first
         return True
 
+    def _job_gpus(self, cluster: str, job: str) -> int:
+        """The GPUs of a job of this stage, from its own ranks' world size (0: not seen)."""
+        entry = self._placements.get((cluster, job))
+        return entry[4] if entry is not None and len(entry) > 4 else 0
+
     def _placement_due(self, key: tuple[str, str]) -> JobPlacement | None:
-        nodes, last_ns, sent_ns, changed = self._placements[key]
+        nodes, last_ns, sent_ns, changed, ranks, first_ns = self._placements[key][:6]
         since = last_ns - sent_ns
         if not (changed and since >= PLACEMENT_MIN_INTERVAL_NS) and since < PLACEMENT_REFRESH_NS:
             return None
-        self._placements[key][2:] = [last_ns, False]
-        return JobPlacement(key[0], key[1], tuple(sorted(nodes)), last_ns)
+        self._placements[key][2:4] = [last_ns, False]
+        return JobPlacement(key[0], key[1], tuple(sorted(nodes)), last_ns, ranks, first_ns)
 
     def flush(self) -> tuple[list[Finding], list[JobPlacement]]:
         """Release everything held (the end of a replay)."""

@@ -299,4 +299,6 @@ def test_stage_judges_heartbeats_at_once_and_names_the_hang():
                                                     for i, x in enumerate(state(t, r))), 3)
                                      for r in range(WORLD)], "c1")
     assert [(f.kind, f.state, f.entity.rank) for f in found] == [("hang", OPEN, "5")]
+    # priced like every finding: the whole job stalls, every GPU of it (no ranks reported: none known)
+    assert found[0].impact_gpu_hours_per_hour > 0 and found[0].impact_basis in ("measured", "estimated")
     assert stage.open_anomalies

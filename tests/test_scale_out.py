@@ -50,6 +50,8 @@ CLUSTER = "scale"
 # steps (1.2-1.7 s here), the rest on the 1 s full snapshots; plus the clocks' offsets.
 ONSET_TOLERANCE_NS = {"pfc_storm": 110_000_000, "straggler": 1_800_000_000}
 DEFAULT_ONSET_TOLERANCE_NS = 1_050_000_000
+# A job anomaly's GPU-hours run from its onset: within the straggler's onset tolerance (a step or two).
+IMPACT_TOLERANCE = 0.25
 CAUGHT_UP_TIMEOUT_S = 240
 SETTLE_S = 4.0
 
@@ -73,6 +75,11 @@ class Answer:
     cause: str
     victims: frozenset[str]
     resolved: bool
+    # A job's own anomaly: how its impact was found, and the GPU-hours (compared within
+    # IMPACT_TOLERANCE: they run from the onset, which may move by the onset tolerance). A
+    # node's impact depends on the placements a worker has read by then (docs/schema.md "Impact").
+    impact_basis: str = ""
+    impact_gpu_hours: float = dataclasses.field(default=0.0, compare=False)
 
 
 def answers(events: list[ev.AnomalyEvent]) -> dict[str, Answer]:
@@ -87,7 +94,8 @@ def answers(events: list[ev.AnomalyEvent]) -> dict[str, Answer]:
         if e.lifecycle == ev.LIFECYCLE_RESOLVED:
             resolved.add(e.dedup_key)
     return {k: Answer(o.kind, path(o.entity), o.onset_unix_ns, o.cause_code,
-                      frozenset(path(r) for r in last[k].related), k in resolved)
+                      frozenset(path(r) for r in last[k].related), k in resolved,
+                      last[k].impact_basis if o.entity.job else "", last[k].impact_gpu_hours if o.entity.job else 0.0)
             for k, o in opened.items()}
 
 
@@ -225,6 +233,8 @@ def assert_same_answers(name: str, events: list[ev.AnomalyEvent] | None, got: di
         tolerance = ONSET_TOLERANCE_NS.get(want.kind, DEFAULT_ONSET_TOLERANCE_NS)
         assert abs(have.onset_ns - want.onset_ns) <= tolerance, (name, key, have.onset_ns - want.onset_ns)
         assert dataclasses.replace(have, onset_ns=0) == dataclasses.replace(want, onset_ns=0), (name, key, have, want)
+        assert abs(have.impact_gpu_hours - want.impact_gpu_hours) <= IMPACT_TOLERANCE * want.impact_gpu_hours, \
+            (name, key, have.impact_gpu_hours, want.impact_gpu_hours)
 
 
 def test_the_recording_holds_every_kind_the_comparison_needs(recording):

@@ -15,7 +15,8 @@ from typing import Any
 
 from fabricwatch.actions.alerts.base import RESOLVED, Alert, SendResult
 from fabricwatch.actions.alerts.http import JsonPoster, RetryPolicy
-from fabricwatch.actions.alerts.message import SECTION_ACTION, SECTION_CAUSE, alertname, body_section, utc_iso
+from fabricwatch.actions.alerts.message import (SECTION_ACTION, SECTION_CAUSE, SECTION_IMPACT, alertname, body_section,
+                                                utc_iso)
 
 API_PATH = "/api/v2/alerts"
 #: Alertmanager's default ``resolve_timeout``: a firing alert not re-posted within it resolves itself.
@@ -44,6 +45,10 @@ def am_alert(alert: Alert, ends_at_ns: int = 0) -> dict[str, Any]:
             annotations[name] = text
     if alert.anomaly_id:
         annotations["anomaly_id"] = alert.anomaly_id
+    if text := body_section(alert.body, SECTION_IMPACT):
+        # annotations, not labels: a label is the alert's identity, and the cost grows while it fires
+        annotations.update(impact=text, impact_gpu_hours=f"{alert.impact_gpu_hours:.6g}",
+                           impact_gpu_hours_per_hour=f"{alert.impact_gpu_hours_per_hour:.6g}")
     item: dict[str, Any] = {"labels": am_labels(alert), "annotations": annotations}
     if alert.starts_at_ns:
         item["startsAt"] = utc_iso(alert.starts_at_ns)

@@ -25,6 +25,8 @@ class Alert:
     ends_at_ns: int = 0          # set when RESOLVED
     anomaly_id: str = ""
     links: tuple[tuple[str, str], ...] = field(default=())  # (text, url), e.g. the dashboard page
+    impact_gpu_hours: float = 0.0           # lost so far when the alert was built (docs/schema.md, "Impact")
+    impact_gpu_hours_per_hour: float = 0.0
 
     def label(self, name: str) -> str:
         return dict(self.labels).get(name, "")

@@ -30,6 +30,7 @@ SECTION_SINCE = "Since"
 SECTION_SEVERITY = "Severity"
 SECTION_CAUSE = "Probable cause"
 SECTION_ACTION = "Suggested action"
+SECTION_IMPACT = "Impact"
 
 _SEVERITY = {pb.SEVERITY_INFO: "info", pb.SEVERITY_WARNING: "warning", pb.SEVERITY_CRITICAL: "critical"}
 # Words that stay upper case (or their usual casing) in titles and alertnames.
@@ -101,6 +102,14 @@ def entity_where(entity: pb.EntityPath) -> str:
     return untrusted(" ".join(p for p in (path, extra) if p)) or "(no entity)"
 
 
+def impact_words(event: pb.AnomalyEvent) -> str:
+    """"12.5 GPU-hours lost, 64 GPU-hours/h while open (measured)": the anomaly's cost in one line."""
+    text = f"{event.impact_gpu_hours:.3g} GPU-hours lost"
+    if event.lifecycle != pb.LIFECYCLE_RESOLVED:
+        text += f", {event.impact_gpu_hours_per_hour:.3g} GPU-hours/h while open"
+    return f"{text} ({untrusted(event.impact_basis, 20)})"
+
+
 def evidence_line(evidence: pb.Evidence) -> str:
     """name = value unit (threshold t) detail."""
     line = f"{untrusted(evidence.name, 200)} = {evidence.value:.4g}"
@@ -139,6 +148,8 @@ def alert_from_anomaly(event: pb.AnomalyEvent, decisions: Sequence[str] = (), da
         lines.append(f"Resolved at: {utc_iso(event.detected_unix_ns)}")
     confidence = f", confidence {event.confidence:.2f}" if event.confidence else ""
     lines.append(f"{SECTION_SEVERITY}: {severity}{confidence}")
+    if event.impact_basis:
+        lines.append(f"{SECTION_IMPACT}: {impact_words(event)}")
     if event.evidence:
         lines.append("Evidence:")
         lines.extend(f"  - {evidence_line(e)}" for e in event.evidence)
@@ -164,4 +175,5 @@ def alert_from_anomaly(event: pb.AnomalyEvent, decisions: Sequence[str] = (), da
     return Alert(dedup_key=dedup_key, status=RESOLVED if resolved else FIRING, kind=kind or "anomaly",
                  severity=severity, title=title, body="\n".join(lines), labels=labels,
                  starts_at_ns=starts_at_ns, ends_at_ns=event.detected_unix_ns if resolved else 0,
-                 anomaly_id=event.id, links=links)
+                 anomaly_id=event.id, links=links, impact_gpu_hours=event.impact_gpu_hours,
+                 impact_gpu_hours_per_hour=event.impact_gpu_hours_per_hour)

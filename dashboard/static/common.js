@@ -62,12 +62,23 @@ const FW = (() => {
       el("span", { class: `badge lc-${a.lifecycle}` }, a.lifecycle.toUpperCase()),
       el("span", { class: `badge sev-${a.severity}` }, a.severity),
       el("strong", {}, a.kind), " ",
-      entityLink(a.entity.path),
+      entityLink(a.entity.path), " ", impactBadge(a),
       el("div", { class: "summary" }, a.summary));
     if (a.probable_cause) li.append(el("div", { class: "kv" }, "probable cause: " + a.probable_cause));
     if (withEvidence && a.suggested_action) li.append(el("div", { class: "kv" }, "suggested: " + a.suggested_action));
     if (withEvidence && a.evidence.length) li.append(evidenceTable(a.evidence));
     return li;
+  }
+
+  /** "12.3 GPU-h · +64/h": what an anomaly cost so far (by now, when open) and its rate; "≈" when estimated. */
+  function impactBadge(a) {
+    if (!a.impact_basis) return "";
+    const lost = a.impact_gpu_hours_now ?? a.impact_gpu_hours ?? 0;
+    const est = a.impact_basis === "estimated";
+    const rate = a.lifecycle !== "resolved" ? ` · +${num(a.impact_gpu_hours_per_hour ?? 0, 2)}/h` : "";
+    return el("span", { class: "badge impact" + (est ? " estimated" : ""), "data-impact": String(lost),
+      title: `GPU-hours lost${rate ? " so far, and per hour while open" : ""} (${a.impact_basis})` },
+      `${est ? "≈" : ""}${num(lost, 2)} GPU-h${rate}`);
   }
 
   function evidenceTable(evidence) {
@@ -176,6 +187,6 @@ const FW = (() => {
     setInterval(status, 5000);
   }
 
-  return { el, api, entityHref, entityLink, roleBadge, clock, timeEl, num, anomalyItem, decisionItem,
+  return { el, api, entityHref, entityLink, roleBadge, clock, timeEl, num, anomalyItem, impactBadge, decisionItem,
            evidenceTable, live, gridKeys, header, replaceKeepingFocus, ROLE_CODE };
 })();

@@ -103,6 +103,7 @@ class Detection:
     detector: str = ""
     summary: str = ""
     cause: str = ""             # the event's cause code (a straggler's probable cause)
+    dedup_key: str = ""
 
 
 def entity_path(e: ev.EntityPath) -> str:
@@ -121,7 +122,7 @@ def detection_from_event(event: ev.AnomalyEvent) -> Detection | None:
     e = event.entity
     return Detection(kind=event.kind, entity=entity_path(e), detected_ns=int(event.detected_unix_ns),
                      node=e.node, device=e.device, job=e.job, rank=e.rank, detector=event.detector,
-                     summary=event.summary, cause=event.cause_code)
+                     summary=event.summary, cause=event.cause_code, dedup_key=event.dedup_key)
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,7 @@ class TruePositive:
     gt_index: int
     detail: dict = field(default_factory=dict, compare=False, hash=False)
     cause: str = ""             # the detection's cause code
+    dedup_key: str = ""         # the detection's anomaly
 
 
 @dataclass(frozen=True)
@@ -241,7 +243,7 @@ def match(detections: list[Detection | None], gts: list[GroundTruth], interval_s
                 t = min(fresh, key=lambda t: (t.gt.onset_unix_ns, t.index))
                 detail = {"scenario_interval_s": interval_s, **(t.gt.detail or {})}
                 tp = TruePositive(cls, t.gt.entity, t.gt.onset_unix_ns, d.detected_ns,
-                                  d.detected_ns - t.gt.onset_unix_ns, t.index, detail, d.cause)
+                                  d.detected_ns - t.gt.onset_unix_ns, t.index, detail, d.cause, d.dedup_key)
                 detected[t.index] = tp
                 m.tps.append(tp)
             else:

@@ -18,7 +18,7 @@ import platform
 import sys
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -26,6 +26,7 @@ import numpy as np
 
 from fabricwatch.collectors.faults import GroundTruth
 from fabricwatch.machine import cpu_model, usable_cpus
+from fabricwatch.models.impact import projected_gpu_hours
 from fabricwatch.models.link_down import LINK_DOWN_HOLD_S
 from fabricwatch.models.rates import RateTracker
 from fabricwatch.streams.decode import to_view
@@ -34,6 +35,7 @@ from fabricwatch.streams.pipeline import DetectionPipeline
 from fabricwatch.streams.replay import replay
 
 from .baselines import HST_THRESHOLD, SCORE_BINS, HstBaseline, StaticRules, StaticRulesConfig
+from .impact import TAIL_S, TOP_K, ranking, truth_gpu_hours
 from .matching import Detection, Match, detection_from_event, match
 from .scenarios import FAULT_CLASSES, T_DETECT_S, Scenario, SuiteConfig, build_suites
 
@@ -72,6 +74,8 @@ class ScenarioRun:
     seconds: dict[str, float]
     stats: Counter = field(default_factory=Counter)
     hst_scores: np.ndarray | None = None      # histogram of every HST score (SCORE_BINS bins over [0, 1])
+    # fabricwatch: dedup key -> its last event's (GPU-hours lost, GPU-hours per hour, detected ns)
+    impact: dict[str, tuple[float, float, int]] = field(default_factory=dict)
 
 
 def run_scenario(sc: Scenario, detectors: tuple[str, ...] = DETECTORS) -> ScenarioRun:
@@ -92,9 +96,14 @@ def run_scenario(sc: Scenario, detectors: tuple[str, ...] = DETECTORS) -> Scenar
     per_chunk = max(1, int(round(CHUNK_S / sc.tick_s)))
     left = sc.ticks
 
+    impact: dict[str, tuple[float, float, int]] = {}
+    progress: dict[str, list[tuple[int, int]]] = defaultdict(list)
+
     def keep(name: str, events) -> None:
         for e in events:
             life[name][e.lifecycle] += 1
+            if name == FABRICWATCH:
+                impact[e.dedup_key] = (e.impact_gpu_hours, e.impact_gpu_hours_per_hour, e.detected_unix_ns)
             d = detection_from_event(e)
             if d is not None:
                 dets[name].append(d)
@@ -121,6 +130,7 @@ def run_scenario(sc: Scenario, detectors: tuple[str, ...] = DETECTORS) -> Scenar
             for rs in snap.rank_steps:
                 if rs.rank == 0:
                     steps[rs.job_id].append((rs.start_unix_ns, rs.start_unix_ns + int(rs.step_seconds * 1e9)))
+                    progress[rs.job_id].append((rs.start_unix_ns, rs.step))
             if static is None and hst is None:
                 continue
             prev = last.get(snap.source)
@@ -149,8 +159,12 @@ def run_scenario(sc: Scenario, detectors: tuple[str, ...] = DETECTORS) -> Scenar
         del snaps, ordered
     seconds["total"] = time.perf_counter() - t_start
     stats.update({f"pipeline:{k_}": v for k_, v in pipeline.counters().items()})
-    return ScenarioRun(sc, sim.ground_truth(), dets, life, dict(steps), sim.now_unix_ns, n_snap, dict(seconds), stats,
-                       hst.score_hist if hst is not None else None)
+    truths = sim.ground_truth()
+    lost = truth_gpu_hours(truths, {j.job_id: tuple(j.nodes) for j in sim.jobs}, topo.gpus_per_node,
+                           {j: sorted(p) for j, p in progress.items()}, sc.simulator_start_ns, sim.now_unix_ns)
+    truths = [replace(gt, gpu_hours_lost=x) for gt, x in zip(truths, lost)]
+    return ScenarioRun(sc, truths, dets, life, dict(steps), sim.now_unix_ns, n_snap, dict(seconds), stats,
+                       hst.score_hist if hst is not None else None, impact)
 
 
 def _run_one(args) -> ScenarioRun:
@@ -230,6 +244,8 @@ class Scores:
     # fabricwatch: true straggler cause -> Counter(cases, named, correct), and the wrong answers
     straggler_causes: dict[str, Counter] = field(default_factory=dict)
     cause_confusion: Counter = field(default_factory=Counter)   # (true cause, given cause code)
+    # fabricwatch's impact against the simulated jobs' loss, per suite (and "all"): `impact.ranking`
+    impact_ranking: dict[str, dict] = field(default_factory=dict)
 
     def cause_accuracy(self) -> tuple[int, int]:
         """(correct, cases) over every injected straggler."""
@@ -301,7 +317,27 @@ def score(runs: list[ScenarioRun], detectors: tuple[str, ...] = DETECTORS) -> Sc
             for ex, _ in m.explained:
                 cs[ex.kind].explained += 1
     causes, confusion = _straggler_causes(runs, matches)
-    return Scores({d: dict(v) for d, v in classes.items()}, matches, nh, healthy_fp, dict(nh_by_iv), causes, confusion)
+    return Scores({d: dict(v) for d, v in classes.items()}, matches, nh, healthy_fp, dict(nh_by_iv), causes, confusion,
+                  _impact_ranking(runs, matches) if FABRICWATCH in detectors else {})
+
+
+def _impact_ranking(runs: list[ScenarioRun], matches: dict) -> dict[str, dict]:
+    """Per labelled suite (and "all"): our impact vs the truth's over fabricwatch's true positives."""
+    pairs: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for run in runs:
+        m = matches.get((run.scenario.name, FABRICWATCH))
+        if m is None or run.scenario.suite == "healthy":
+            continue
+        for tp in m.tps:
+            truth = run.truths[tp.gt_index].gpu_hours_lost
+            last = run.impact.get(tp.dedup_key)
+            if truth is None or last is None:
+                continue
+            ours = projected_gpu_hours(*last, run.end_ns)      # still open at the end: its cost by then
+            pairs[run.scenario.suite].append((ours, truth))
+            pairs["all"].append((ours, truth))
+    return {suite: {**ranking(p), "ours_gpu_hours": sum(o for o, _ in p), "truth_gpu_hours": sum(t for _, t in p)}
+            for suite, p in pairs.items()}
 
 
 def _straggler_causes(runs: list[ScenarioRun], matches: dict) -> tuple[dict[str, Counter], Counter]:
@@ -681,6 +717,22 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
     for p in plots:
         add(f"![{p.stem}]({_rel(p, path.parent)})")
         add("")
+    add("## Impact ranking (fabricwatch)")
+    add("")
+    add("How well the GPU-hours each anomaly carries (`impact_gpu_hours` of its last event, plus its rate to the "
+        "end of the run when still open, `docs/schema.md` \"Impact\") rank the faults by what they cost: the truth is measured on the simulated jobs' own progress "
+        f"over each fault's window (plus {TAIL_S:.0f} s for a restart), against their healthy step rate "
+        "(`fabricwatch/evaluation/impact.py`). Over the true positives whose fault touched a job.")
+    add("")
+    add(f"| suite | true positives | Spearman rho | top-{TOP_K} overlap | ours, GPU-h | truth, GPU-h |")
+    add("|---|---|---|---|---|---|")
+    for suite in [*LABELLED_SUITES, "all"]:
+        r = scores.impact_ranking.get(suite)
+        if r is None:
+            continue
+        add(f"| {suite} | {r['pairs']} | {_f(r['spearman'], 2)} | {_f(r['top5'], 2)} | "
+            f"{r['ours_gpu_hours']:.3g} | {r['truth_gpu_hours']:.3g} |")
+    add("")
     add("## Must-not-fire cases")
     add("")
     add("Alarms (OPEN events, any kind) charged to each must-not-fire fault, per detector: alarms between its "
