@@ -134,6 +134,10 @@ class SourceStage:
             judged = guard(f"a record of {batch.source}", lambda b=batch: [self._judge(b, time.perf_counter() - shared_s)])
             if judged:
                 outs[i] = judged[0]
+        if kept:
+            # The partition's progress once per call, after the last record's own output:
+            # what the others wait for is the same, one record instead of one per record.
+            self._progress(outs[kept[-1][0]])
         return outs
 
     def _screen(self, group: LayoutGroup) -> list:
@@ -175,7 +179,7 @@ class SourceStage:
         out.pause_records = list(self.watchdog.update_batch(batch))
         out.facts = list(self.health.update_batch(batch, findings))
         out.facts += [NominalVote(*vote) for vote in self.downgrade.take_votes()]
-        self._progress(batch, out)
+        self._advance(batch, out)
         findings.sort(key=lambda f: (f.detected_ns, f.kind, f.entity.path()))
         out.findings = self.accounting.settle(findings, batch.source, batch.received_ns, started)
         return out
@@ -184,13 +188,19 @@ class SourceStage:
     def _screeners(self) -> list:
         return [*self.detectors, self.watchdog, self.health]
 
-    def _progress(self, batch: SourceBatch, out: SourceOutput) -> None:
+    def _advance(self, batch: SourceBatch, out: SourceOutput) -> None:
+        """The record's source moved the watermark; silent nodes looked for when due."""
         self._watermark.advance(((batch.source, int(batch.times_ns[-1])),))
-        through = self._watermark.settle()
+        self._watermark.settle()            # each record's: the watermark ratchets as it did record by record
         newest = self._watermark.newest_ns
         if newest - self._swept_ns >= HEALTH_SWEEP_NS:
             self._swept_ns = newest
             out.facts += self.health.sweep(newest)
+
+    def _progress(self, out: SourceOutput) -> None:
+        """The partition's progress, when it advanced `PROGRESS_INTERVAL_MS` since last sent."""
+        through = self._watermark.settle()
+        newest = self._watermark.newest_ns
         if through - self._sent_ns >= _PROGRESS_INTERVAL_NS:
             # node health is complete through the slowest live source
             self._sent_ns = through
