@@ -11,15 +11,18 @@ batch carried):
    the blocks it reads; the PFC watchdog, whose onsets and restorations feed stage 2; the
    health tracker, whose digests feed stage 3 through the facts;
 4. progress: the partition's low watermark (its live sources, `models.watermark`), sent
-   every `PROGRESS_INTERVAL_MS` of it as a `Progress` fact and as a `SourceProgress`
-   record to every pause-states partition after the watchdog changes it follows, so the
+   every `PROGRESS_INTERVAL_MS` of it, at most once per `observe_many` call (after the
+   call's last record), as a `Progress` fact and as a `SourceProgress` record to every
+   pause-states partition after the watchdog changes it follows (the worker merges the
+   partitions of one batch into one such record, `streams.handlers`), so the
    stages that join this partition with others judge a moment only once it has been
    processed here. When the partition has nothing left to read, the worker says so
    (`idle`): the others stop waiting for it until it reports again.
 
-Volume at 100,000 GPUs (12,500 nodes, 12 partitions): ~20 progress facts per partition
-per second and as many progress records per pause-states partition, ~0.2 kB each;
-health digests only for nodes with something to report.
+Volume at 100,000 GPUs (12,500 nodes, 24 partitions): at most ~20 progress facts per
+partition per second, and at most one progress record per worker batch (~20 per second)
+to each pause-states partition, ~0.2 kB each; health digests only for nodes with
+something to report.
 """
 from __future__ import annotations
 
