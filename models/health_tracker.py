@@ -454,9 +454,10 @@ class HealthTracker:
         """Advance one condition's episodes over a stack: ``observed``/``hit`` [tick, entity];
         ``add(run, k, i)`` records a sample that showed it."""
         interval = _interval_ns(stack)
+        hit_any = hit.any(axis=0).tolist()              # one reduction for every entity, not one each
         for i, name in enumerate(names):
             key = (name, condition)
-            if not hit[:, i].any():
+            if not hit_any[i]:
                 if key in node.runs:
                     self._advance_quiet(node, key, stack.times_ns[observed[:, i]])
                 continue

@@ -125,6 +125,8 @@ class StageHandlers:
                 batch.received_ns = timestamp_ms * 1_000_000
             by_stage.setdefault(id(stage), (stage, partition, []))[2].append(batch)
         records: list[Record] = []
+        progress: list[SourceProgress] = []
+        stamp = None
         for stage, partition, batches in by_stage.values():
             stage.accounting.rebuilding = rebuilding
             try:
@@ -136,9 +138,16 @@ class StageHandlers:
             for batch, out in zip(batches, outs):
                 stamp = batch.received_ns // 1_000_000 or None
                 records += self.anomalies(out.findings, stamp)
-                records += self.pause_states(out.pause_records, stamp)
+                changes = out.pause_records
+                if changes and isinstance(changes[-1], SourceProgress) \
+                        and not changes[-1].cluster and not changes[-1].idle:
+                    progress.append(changes[-1])
+                    changes = changes[:-1]
+                records += self.pause_states(changes, stamp)
                 records += self.facts(out.facts, partition, stamp)
-        return records
+        # The partitions' progress last, as one record to each pause-states partition: after
+        # every change of the call (all it says is "these came first"), one send for many.
+        return records + self.pause_states(merge_progress(progress), stamp)
 
     def pause_states(self, changes: list[PauseStateChange | SourceProgress], timestamp_ms: int | None) -> list[Record]:
         """Watchdog changes to their cluster's partition; a partition's progress to every one."""
@@ -212,6 +221,24 @@ class StageHandlers:
     def on_timer(self, stage: StormStage, now_ns: int) -> list[Record]:
         """Stage 2 without records: let grace periods expire."""
         return self.anomalies(self._guarded("the cluster timer", lambda: stage.poll(now_ns)))
+
+
+def merge_progress(progress: list[SourceProgress]) -> list[SourceProgress]:
+    """Several telemetry partitions' progress (in the order made) as one record (none: []).
+
+    >>> merge_progress([SourceProgress("", {"t/0": 5}, ("t/0", "t/1")), SourceProgress("", {"t/1": 7}, ("t/0", "t/1")),
+    ...                 SourceProgress("", {"t/0": 9}, ("t/0", "t/1"))])
+    [SourceProgress(cluster='', through_ns_by_source={'t/0': 9, 't/1': 7}, expect=('t/0', 't/1'), idle=False)]
+    """
+    if len(progress) <= 1:
+        return progress
+    through: dict[str, int] = {}
+    expect: dict[str, None] = {}
+    for p in progress:
+        for stream, at_ns in p.through_ns_by_source.items():
+            through[stream] = max(at_ns, through.get(stream, at_ns))
+        expect.update(dict.fromkeys(p.expect))
+    return [SourceProgress("", through, tuple(expect))]
 
 
 def _cluster_of(record) -> str:

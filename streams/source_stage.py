@@ -11,15 +11,18 @@ batch carried):
    the blocks it reads; the PFC watchdog, whose onsets and restorations feed stage 2; the
    health tracker, whose digests feed stage 3 through the facts;
 4. progress: the partition's low watermark (its live sources, `models.watermark`), sent
-   every `PROGRESS_INTERVAL_MS` of it as a `Progress` fact and as a `SourceProgress`
-   record to every pause-states partition after the watchdog changes it follows, so the
+   every `PROGRESS_INTERVAL_MS` of it, at most once per `observe_many` call (after the
+   call's last record), as a `Progress` fact and as a `SourceProgress` record to every
+   pause-states partition after the watchdog changes it follows (the worker merges the
+   partitions of one batch into one such record, `streams.handlers`), so the
    stages that join this partition with others judge a moment only once it has been
    processed here. When the partition has nothing left to read, the worker says so
    (`idle`): the others stop waiting for it until it reports again.
 
-Volume at 100,000 GPUs (12,500 nodes, 12 partitions): ~20 progress facts per partition
-per second and as many progress records per pause-states partition, ~0.2 kB each;
-health digests only for nodes with something to report.
+Volume at 100,000 GPUs (12,500 nodes, 24 partitions): at most ~20 progress facts per
+partition per second, and at most one progress record per worker batch (~20 per second)
+to each pause-states partition, ~0.2 kB each; health digests only for nodes with
+something to report.
 """
 from __future__ import annotations
 
@@ -141,6 +144,10 @@ class SourceStage:
             judged = guard(f"a record of {batch.source}", lambda b=batch: [self._judge(b, time.perf_counter() - shared_s)])
             if judged:
                 outs[i] = judged[0]
+        if kept:
+            # The partition's progress once per call, after the last record's own output:
+            # what the others wait for is the same, one record instead of one per record.
+            self._progress(outs[kept[-1][0]])
         return outs
 
     def _screen(self, group: LayoutGroup) -> list:
@@ -182,7 +189,7 @@ class SourceStage:
         out.pause_records = list(self.watchdog.update_batch(batch))
         out.facts = list(self.health.update_batch(batch, findings))
         out.facts += [NominalVote(*vote) for vote in self.downgrade.take_votes()]
-        self._progress(batch, out)
+        self._advance(batch, out)
         findings.sort(key=lambda f: (f.detected_ns, f.kind, f.entity.path()))
         if findings:
             findings = assess(findings, self.facts, self.topology)
@@ -193,13 +200,19 @@ class SourceStage:
     def _screeners(self) -> list:
         return [*self.detectors, self.watchdog, self.health]
 
-    def _progress(self, batch: SourceBatch, out: SourceOutput) -> None:
+    def _advance(self, batch: SourceBatch, out: SourceOutput) -> None:
+        """The record's source moved the watermark; silent nodes looked for when due."""
         self._watermark.advance(((batch.source, int(batch.times_ns[-1])),))
-        through = self._watermark.settle()
+        self._watermark.settle()            # each record's: the watermark ratchets as it did record by record
         newest = self._watermark.newest_ns
         if newest - self._swept_ns >= HEALTH_SWEEP_NS:
             self._swept_ns = newest
             out.facts += self.health.sweep(newest)
+
+    def _progress(self, out: SourceOutput) -> None:
+        """The partition's progress, when it advanced `PROGRESS_INTERVAL_MS` since last sent."""
+        through = self._watermark.settle()
+        newest = self._watermark.newest_ns
         if through - self._sent_ns >= _PROGRESS_INTERVAL_NS:
             # node health is complete through the slowest live source
             self._sent_ns = through

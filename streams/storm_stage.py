@@ -13,9 +13,9 @@ drained in any order across partitions and workers, is judged as live telemetry 
 the cost of about one progress interval (50 ms) plus the partitions' spread of latency. The jobs on the victims' nodes come from the facts (placements
 that stage 3 publishes), as they are known when the storm is judged.
 
-Load: a healthy fabric sends no changes, only progress (~20 records per telemetry
-partition per second to each pause-states partition); a storm sends a few changes per
-paused port. One partition serves a 100,000-GPU cluster with room to spare
+Load: a healthy fabric sends no changes, only progress (at most one record per worker
+batch to each pause-states partition, naming the telemetry partitions it advanced, each
+at most every 50 ms of its event time); a storm sends a few changes per paused port. One partition serves a 100,000-GPU cluster with room to spare
 (docs/benchmarks.md).
 """
 from __future__ import annotations
