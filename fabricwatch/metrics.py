@@ -66,7 +66,8 @@ REJECT_REASONS = (
     "bad_source", "bad_cluster", "bad_source_kind", "timestamp_out_of_range", "too_large",
     "bad_entity_kind", "bad_column_names", "bad_entity_id", "bad_counter_count", "bad_gauge_count",
     "bad_label_column", "too_many_label_columns", "non_finite_gauge", "gauge_out_of_range", "bad_rank_step",
-    "rank_step_time_out_of_range", "rank_step_not_allowed", "bad_event",
+    "rank_step_time_out_of_range", "rank_step_not_allowed", "bad_rank_progress", "rank_progress_time_out_of_range",
+    "rank_progress_not_allowed", "rank_progress_not_monotone", "bad_event",
     "source_not_allowed", "too_large_for_kafka", "validation_error",
 )
 DETECTOR_STAGES = ("telemetry", "pause_states", "rank_steps", "cluster_timer")
