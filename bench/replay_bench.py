@@ -92,7 +92,7 @@ def main(args) -> None:
     report = f"""
 ### Replay throughput ({time.strftime('%Y-%m-%d')})
 
-Command: `python3 bench/replay_bench.py --nodes {args.nodes} --seconds {args.seconds:g} --repeats {args.repeats}`
+Command: `python3 bench/replay_bench.py --nodes {args.nodes} --seconds {args.seconds:g} --repeats {args.repeats}{' --baseline-python ' + args.baseline_python if args.baseline_python else ''}`
 Machine: {usable_cpus()} vCPU ({cpu_model()}), Python {platform.python_version()}; load average after the run
 {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}. Recording: {args.nodes} simulated nodes, {args.seconds:g} s at the
 collectors' cadence, {n:,} snapshots, {len(ids['binary'])} events; binary
