@@ -10,8 +10,12 @@ the watermark has passed them and then applied in event-time order, each with th
 locators' clock at its own time, and the grace periods run on the watermark: every change
 a partition emitted up to its progress has been read before that progress, so a backlog,
 drained in any order across partitions and workers, is judged as live telemetry is, at
-the cost of about one progress interval (50 ms) plus the partitions' spread of latency. The jobs on the victims' nodes come from the facts (placements
-that stage 3 publishes), as they are known when the storm is judged.
+the cost of about one progress interval (50 ms) plus the partitions' spread of latency.
+Changes read before the first progress are held for it as well: a worker's first batch
+of a backlog may carry many seconds of every partition's changes, partition after
+partition, and only the progress after them says which came first. The jobs on the
+victims' nodes come from the facts (placements that stage 3 publishes), as they are
+known when the storm is judged.
 
 Load: a healthy fabric sends no changes, only progress (at most one record per worker
 batch to each pause-states partition, naming the telemetry partitions it advanced, each
@@ -91,15 +95,14 @@ class StormStage:
             return self.accounting.settle(self._assessed(self._partition_progress(record)), "", received_ns, started)
         if isinstance(record, SourceProgress):          # per-source progress (a stage 1 without partitions)
             cluster = record.cluster
+            early = self._release(2**63) if self._partitions is None else []   # no partitions to wait for
             self._newest_ns = max(self._newest_ns, max(record.through_ns_by_source.values(), default=0))
             loc = self._locator(cluster)
-            found = loc.progress(record) if loc is not None else []
+            found = early + (loc.progress(record) if loc is not None else [])
             return self.accounting.settle(self._assessed(found), cluster, received_ns, started)
         cluster = record.entity.cluster
         self._newest_ns = max(self._newest_ns, record.at_ns)
-        if self._partitions is None:
-            found = self._apply(record)
-        elif record.at_ns <= self._partitions.value_ns:
+        if self._partitions is not None and record.at_ns <= self._partitions.value_ns:
             self.stats["changes_behind_watermark"] += 1    # a partition revived after it was declared idle
             found = self._apply(record)
         else:
@@ -134,7 +137,7 @@ class StormStage:
         wm = self._partitions
         if wm is None:
             wm = self._partitions = LowWatermark.partitions()
-            wm.expect(record.expect, min(record.through_ns_by_source.values(), default=0))
+            wm.expect(record.expect, 0)                     # a partition not read yet may be anywhere behind
         before = wm.value_ns
         if record.idle:
             for stream in record.through_ns_by_source:

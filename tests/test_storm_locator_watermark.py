@@ -327,11 +327,9 @@ def storm_answers(findings):
     return sorted((f.entity.path(), f.state, tuple(sorted(r.path() for r in f.related))) for f in findings)
 
 
-def test_a_partition_drained_far_ahead_of_the_others_does_not_move_the_storm_clock():
-    """A backlog: stage 2 reads one partition's records whole before the others' (the worker
-    that holds them is slow, or started late). The clock runs on the partitions' watermark,
-    so the storm is judged as when the partitions are read side by side: same source,
-    same victims, no victim named a root."""
+def storm_judge():
+    """(the storm answers of one fresh stage 2 reading records in a given order, stage 1's
+    records per partition, the answers when the partitions are read side by side)."""
     topo, facts, sent = stage_1_by_partition()
     config = DetectionPipeline().config
 
@@ -339,12 +337,46 @@ def test_a_partition_drained_far_ahead_of_the_others_does_not_move_the_storm_clo
         stage = StormStage(config, topo, facts)
         return storm_answers([f for r in order for f in stage.locate(r)])
 
-    side_by_side = judged([r for rs in itertools.zip_longest(*sent) for r in rs if r is not None])
+    return judged, sent, judged([r for rs in itertools.zip_longest(*sent) for r in rs if r is not None])
+
+
+def test_a_partition_drained_far_ahead_of_the_others_does_not_move_the_storm_clock():
+    """A backlog: stage 2 reads one partition's records whole before the others' (the worker
+    that holds them is slow, or started late). The clock runs on the partitions' watermark,
+    so the storm is judged as when the partitions are read side by side: same source,
+    same victims, no victim named a root."""
+    judged, sent, side_by_side = storm_judge()
     assert any(path.endswith("node-0003/mlx5_1/1") for path, _, _ in side_by_side)
     assert not [p for p, _, _ in side_by_side if "leaf" in p]
     for first in range(len(sent)):                   # each partition in turn read whole first
         order = sent[first] + [r for i, rs in enumerate(sent) if i != first for r in rs]
         assert judged(order) == side_by_side, first
+
+
+def test_a_first_batch_of_every_partition_before_any_progress_gives_the_same_storm():
+    """A worker's first batch of a backlog can hold seconds of every partition's changes,
+    partition after partition, before the progress that follows them: those changes wait
+    for it as later ones wait for the watermark (applied at once they would be judged in
+    the order of the partitions: a victim read late missed from the storm's victims)."""
+    judged, sent, side_by_side = storm_judge()
+    for first in range(len(sent)):
+        reading = sent[first:] + sent[:first]
+        changes = [r for rs in reading for r in rs if not isinstance(r, SourceProgress)]
+        progress = [r for rs in reading for r in rs if isinstance(r, SourceProgress)]
+        assert judged(changes + progress) == side_by_side, first
+
+
+def test_a_partition_read_late_is_waited_for_from_the_start():
+    """The partitions' watermark does not start at the first progress read: a partition not
+    read yet may be anywhere behind it (a backlog, a worker that started late)."""
+    topo, facts, sent = stage_1_by_partition()
+    stage = StormStage(DetectionPipeline().config, topo, facts)
+    for r in sent[0]:
+        stage.locate(r)
+    assert stage.watermark_ns == 0                   # 1 and 2 not read yet: nothing judged
+    first_1 = next(r for r in sent[1] if isinstance(r, SourceProgress))
+    stage.locate(first_1)
+    assert stage.watermark_ns == 0                   # 2 still
 
 
 def test_an_idle_partition_is_not_waited_for_and_one_never_heard_is():
