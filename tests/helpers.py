@@ -215,6 +215,26 @@ class Process:
                 self.kill()
 
 
+async def wait_caught_up(bootstrap: str, group: str, workers: list, timeout_s: float,
+                         inputs: tuple[str, ...] | None = None) -> None:
+    """Until ``group`` has committed every input partition to its end (its workers still alive).
+
+    A fresh group reads its topics from the beginning: on a broker that earlier tests wrote
+    to, that is a backlog whose drain time depends on what ran before, not on the test.
+    """
+    from fabricwatch.streams.status import INPUTS, group_lag
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lags = await group_lag(bootstrap, group, inputs or INPUTS)
+        if all(t.lag == 0 for t in lags):
+            return
+        for w in workers:
+            assert w.proc.poll() is None or w.proc.returncode == -9, w.log_path.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"{group}: not caught up in {timeout_s} s: {lags}"
+        await asyncio.sleep(1.0)
+
+
 class Worker(Process):
     """One `fabricwatch worker` process; `start()` starts it (again)."""
 

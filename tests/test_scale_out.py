@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from helpers import FAST_GROUP_ENV, Worker
+from helpers import FAST_GROUP_ENV, Worker, wait_caught_up
 
 from fabricwatch.collectors.faults import GpuXid, LinkDowngrade, LinkFlap, PfcStorm, Straggler
 from fabricwatch.collectors.run_simulated import Linger
@@ -41,7 +41,6 @@ from fabricwatch.streams.events import to_event
 from fabricwatch.streams.gateway import split_records
 from fabricwatch.streams.pipeline import DetectionPipeline
 from fabricwatch.streams.replay import replay
-from fabricwatch.streams.status import group_lag
 
 pytestmark = pytest.mark.kafka
 SECONDS = 42.0
@@ -188,15 +187,7 @@ class Run:
         """Every input partition committed to its end (the records derived from it sent)."""
         inputs = tuple(self.topic(t.removeprefix(topics.PREFIX))
                        for t in (topics.TELEMETRY, topics.RANK_STEPS, topics.PAUSE_STATES))
-        deadline = time.monotonic() + CAUGHT_UP_TIMEOUT_S
-        while True:
-            lags = await group_lag(self.bootstrap, self.group, inputs)
-            if all(t.lag == 0 for t in lags):
-                break
-            for w in self.workers:
-                assert w.proc.poll() is None or w.proc.returncode == -9, w.log_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, f"{self.name}: not caught up in {CAUGHT_UP_TIMEOUT_S} s: {lags}"
-            await asyncio.sleep(1.0)
+        await wait_caught_up(self.bootstrap, self.group, self.workers, CAUGHT_UP_TIMEOUT_S, inputs)
         await asyncio.sleep(SETTLE_S)     # outputs of the last records, a release of held rank steps
 
     async def anomalies(self) -> list[ev.AnomalyEvent]:
