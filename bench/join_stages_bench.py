@@ -13,7 +13,11 @@ cluster grows. This measures each alone, in process, on its worst realistic inpu
   second storm per second of event time starting and ending elsewhere;
 * **straggler stage**, one job on every GPU (100,000 ranks, one step per second: a large
   synchronous job), one rank slowed, released as the facts' watermark passes each step,
-  as `streams.straggler_stage` does.
+  as `streams.straggler_stage` does;
+* **hang heartbeats** of that job (every rank every 5 s, in records of one node's 8
+  ranks, 20,000 records/s, judged at once), healthy (10 collectives a second), then hung:
+  one rank never enters the next collective and every other rank waits inside it for the
+  rest of the run, until the hang is named.
 
 Headroom = 1 core / CPU-seconds per second. The target is 5x.
 """
@@ -26,10 +30,11 @@ import time
 
 from fabricwatch.machine import cpu_model, usable_cpus
 from fabricwatch.models.findings import EntityRef, Evidence
-from fabricwatch.models.frames import RankStep
+from fabricwatch.models.frames import RankProgress, RankStep
 from fabricwatch.models.pfc_storm import PAUSED, PAUSING, PauseStateChange
 from fabricwatch.models.storm_locator import SourceProgress
 from fabricwatch.models.topology import rail_optimised
+from fabricwatch.rank import HEARTBEAT_INTERVAL_S
 from fabricwatch.streams.config import DetectionConfig
 from fabricwatch.streams.facts import FactBook, Progress
 from fabricwatch.streams.storm_stage import StormStage
@@ -104,13 +109,52 @@ def straggler_stage_cpu_per_s(ranks: int, seconds: int, per_record: int = 8) -> 
     return cpu / seconds
 
 
+def hang_heartbeats_cpu_per_s(ranks: int, seconds: int, hang: bool, per_record: int = 8) -> float:
+    """One job of ``ranks`` ranks, each beating every `HEARTBEAT_INTERVAL_S`, spread evenly."""
+    stage = StragglerStage(DetectionConfig(), FactBook())
+    stage.wall_clock_ns = lambda: T0 + 10**6 * S
+    culprit, hang_at = 12345 % ranks, 5 * S
+    period = int(HEARTBEAT_INTERVAL_S * S)
+    nodes = range(0, ranks, per_record)
+    records = []
+    for t in range(0, seconds * S, period):
+        for i, first in enumerate(nodes):
+            at = t + i * period // len(nodes)
+            beats = []
+            for rank in range(first, min(ranks, first + per_record)):
+                n = at * 10 // S                                       # 10 collectives a second
+                if hang and at >= hang_at:
+                    stop = hang_at * 10 // S
+                    entered, completed, last_c = (stop, stop, hang_at) if rank == culprit else (stop + 1, stop, hang_at)
+                    last_e = hang_at
+                else:
+                    entered = completed = n
+                    last_e = last_c = at
+                beats.append(RankProgress("big", rank, ranks, f"n{rank // 8}", rank % 8, T0 + at, entered, completed,
+                                          T0 + last_e, T0 + last_c))
+            records.append(beats)
+    c0 = time.process_time()
+    found = [f for beats in records for f in stage.add_progress(beats, "c")]
+    cpu = time.process_time() - c0
+    if hang:
+        assert [f.entity.rank for f in found if f.state == "open"] == [str(culprit)], found
+    else:
+        assert not found, found
+    return cpu / seconds
+
+
 def main(args) -> None:
     storm_quiet = statistics.median(storm_stage_cpu_per_s(args.nodes, args.seconds, False) for _ in range(3))
     storm_busy = statistics.median(storm_stage_cpu_per_s(args.nodes, args.seconds, True) for _ in range(3))
     strag = statistics.median(straggler_stage_cpu_per_s(args.ranks, max(6, args.seconds // 4)) for _ in range(3))
+    beat_seconds = max(40, args.seconds * 2)
+    beats_quiet = statistics.median(hang_heartbeats_cpu_per_s(args.ranks, beat_seconds, False) for _ in range(3))
+    beats_hung = statistics.median(hang_heartbeats_cpu_per_s(args.ranks, beat_seconds, True) for _ in range(3))
     rows = [("storm stage, healthy fabric (progress only)", storm_quiet),
             ("storm stage, a storm holding a whole leaf every second", storm_busy),
-            (f"straggler stage, one job of {args.ranks:,} ranks at 1 step/s", strag)]
+            (f"straggler stage, one job of {args.ranks:,} ranks at 1 step/s", strag),
+            (f"hang heartbeats of that job, healthy ({beat_seconds} s)", beats_quiet),
+            (f"hang heartbeats of that job, hung after 5 s ({beat_seconds} s)", beats_hung)]
     report = f"""
 ### Stages keyed by cluster and by job at 100,000 GPUs ({time.strftime('%Y-%m-%d')})
 

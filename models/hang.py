@@ -91,6 +91,10 @@ JOB_GONE_S = 120.0
 # Collective waits (one per rank step) kept per job for its median.
 WAIT_HISTORY = 64
 JOB_SWEEP_S = 10.0          # look for ended jobs at most this often (event time)
+# A job past its hang threshold is looked at (every rank) at most this often, in its event
+# time: a hung 100,000-rank job sends 20,000 heartbeat records a second, and looking at
+# every rank on each of them is quadratic. Healthy jobs never get that far (one comparison).
+CHECK_INTERVAL_S = 1.0
 MAX_JOBS = 100_000          # jobs followed per detector; beyond, new ones are refused (counted)
 MAX_GROUPS_SHOWN = 4        # (entered, completed) groups spelled out in the evidence
 MIN_WORLD_SIZE = 2          # one rank waits for nobody
@@ -132,6 +136,11 @@ class _Job:
     now_ns: int = 0
     epoch_ns: int | None = None   # first heartbeat after a job-wide silence (a pause, the start)
     waits: deque = field(default_factory=lambda: deque(maxlen=WAIT_HISTORY))
+    hang_after_ns: int | None = None   # from `waits`, recomputed after they change
+    # Running over the ranks' heartbeats (the counters only grow within one process):
+    max_completed: int = -1
+    last_completion_ns: int = 0        # the newest completion of any rank, on the job's clock
+    checked_ns: int = 0                # when every rank was last looked at
     open: Finding | None = None
     open_cause: str = ""
     open_completed: int = -1   # the job's highest completed count when it was opened
@@ -183,6 +192,7 @@ class HangDetector:
             job = self._jobs.get(step.job_id)
             if job is not None and math.isfinite(step.collective_wait_seconds):
                 job.waits.append(step.collective_wait_seconds)
+                job.hang_after_ns = None
 
     def add_progress(self, reports: list[RankProgress], cluster: str | None = None) -> list[Finding]:
         """Heartbeats (any jobs, any order within a record); findings opened, updated or resolved."""
@@ -219,6 +229,11 @@ class HangDetector:
         median = float(np.median(job.waits)) if job is not None and job.waits else 0.0
         return min(max(self.hang_median_factor * median, self.hang_after_floor_s), self.hang_after_cap_s)
 
+    def _hang_after_ns(self, job_id: str, job: _Job) -> int:
+        if job.hang_after_ns is None:
+            job.hang_after_ns = int(self.hang_after_s(job_id) * 1e9)
+        return job.hang_after_ns
+
     # -- one job ----------------------------------------------------------------------------
     def _add_job(self, job_id: str, reports: list[RankProgress], cluster: str | None) -> list[Finding]:
         job = self._jobs.get(job_id)
@@ -244,14 +259,17 @@ class HangDetector:
                 if job.open is not None:
                     out.append(self._resolved(job, max(job.now_ns, p.time_ns), "the job restarted"))
                 job.ranks.clear()
+                job.epoch_ns, job.max_completed, job.last_completion_ns = None, -1, 0
+            if job.ranks and p.time_ns - job.now_ns > lost_ns:
+                # the job's newest heartbeat before this one is that old: every heartbeat had
+                # stopped (SIGSTOP, preemption) and this is the first one back
                 job.epoch_ns = None
-            if job.ranks and all(job.now_ns - r.seen_ns > lost_ns for r in job.ranks.values()) \
-                    and p.time_ns - job.now_ns > lost_ns:
-                job.epoch_ns = None                   # every heartbeat had stopped: a pause ended
             job.now_ns = max(job.now_ns, p.time_ns)
             if job.epoch_ns is None:
                 job.epoch_ns = job.now_ns
-            job.ranks[p.rank] = _Rank(p, job.now_ns, job.now_ns - p.time_ns)
+            rank = job.ranks[p.rank] = _Rank(p, job.now_ns, job.now_ns - p.time_ns)
+            job.max_completed = max(job.max_completed, p.completed)
+            job.last_completion_ns = max(job.last_completion_ns, rank.job_time(p.last_completed_ns))
             job.world = max(job.world, p.world_size)
         self._now_ns = max(self._now_ns, job.now_ns)
         if job.ranks:
@@ -260,21 +278,20 @@ class HangDetector:
 
     def _evaluate(self, job_id: str, job: _Job) -> list[Finding]:
         now, lost_ns = job.now_ns, int(self.heartbeat_lost_s * 1e9)
-        ranks = job.ranks
-        completed = max(r.last.completed for r in ranks.values())
-        if job.open is not None:
-            if completed > job.open_completed:
-                finding = self._resolved(job, now, "collectives complete again")
-                return [finding]
+        completed = job.max_completed
+        if job.open is not None and completed > job.open_completed:
+            return [self._resolved(job, now, "collectives complete again")]
         if job.world < MIN_WORLD_SIZE:
             return []
-        hang_after_ns = int(self.hang_after_s(job_id) * 1e9)
-        last_completion = max(r.job_time(r.last.last_completed_ns) for r in ranks.values())
-        quiet_since = max(last_completion, job.epoch_ns)
-        alive = [r for r in ranks.values() if now - r.seen_ns <= lost_ns]
+        hang_after_ns = self._hang_after_ns(job_id, job)
+        quiet_since = max(job.last_completion_ns, job.epoch_ns)
+        if now - quiet_since < hang_after_ns or now - job.checked_ns < CHECK_INTERVAL_S * 1e9:
+            return []
+        job.checked_ns = now
+        alive = [r for r in job.ranks.values() if now - r.seen_ns <= lost_ns]
         waiting = [r for r in alive if r.last.entered > r.last.completed
                    and now - max(r.job_time(r.last.last_entered_ns), job.epoch_ns) >= hang_after_ns]
-        if not waiting or now - quiet_since < hang_after_ns:
+        if not waiting:
             return []
         culprit, why, cause, cause_evidence = self._culprit(job, now, lost_ns)
         finding = self._finding(job_id, job, culprit, why, cause, cause_evidence, waiting, quiet_since,

@@ -39,13 +39,15 @@ def run(det, until_s, state, every_s=5.0, start_s=0.0, ranks=range(WORLD), **kw)
 
 
 def healthy(t, r):
-    """One collective per second, every rank in step."""
-    n = int(t) + 1
-    return n, n, float(int(t)), float(int(t))
+    """One collective per second, every rank in step: #n completed at second n."""
+    n = int(t)
+    return n, n, float(n), float(n)
 
 
 def stuck_before(n, culprit, at_s):
     """Healthy until at_s; then `culprit` never enters collective n+1, its peers wait in it."""
+    assert n >= at_s - 1, "healthy ticks must not pass collective n before at_s (counters never go back)"
+
     def state(t, r):
         if t < at_s:
             return healthy(t, r)
