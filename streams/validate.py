@@ -298,27 +298,43 @@ def _clean_gauges(snap: pb.Snapshot, block: pb.CounterBlock, v: Verdict) -> None
             v.problem("gauge_out_of_range", f"{where}: {names[j]}={value:g} outside [{lo[j]:g}, {hi[j]:g}] (wrong unit?)")
 
 
+def _rank_identity_problem(kind: str, r: pb.RankStep | pb.RankProgress) -> tuple[str, str]:
+    """(reason, detail) when a rank step's or heartbeat's job, rank, step or GPU is unusable."""
+    if _bad_name(r.job_id):
+        return f"bad_{kind}", f"{kind.replace('_', ' ')} with job id {r.job_id[:64]!r} dropped"
+    where = f"job {r.job_id} rank {r.rank}"
+    if r.world_size == 0 or r.world_size > MAX_WORLD_SIZE or r.rank >= r.world_size:
+        return f"bad_{kind}", f"{where}: rank outside world size {r.world_size} (at most {MAX_WORLD_SIZE})"
+    if r.step > MAX_STEP_NUMBER or r.local_gpu > MAX_LOCAL_GPU:
+        return f"bad_{kind}", f"{where}: step {r.step} or local GPU {r.local_gpu} is absurd"
+    return "", ""
+
+
+def _rank_node_problem(kind: str, r: pb.RankStep | pb.RankProgress,
+                       may_report: Callable[[str], bool] | None) -> tuple[str, str]:
+    """(reason, detail) when the node a rank runs on is no host name or not the sender's to report."""
+    where = f"job {r.job_id} rank {r.rank}"
+    if _bad_name(r.node):
+        return f"bad_{kind}", f"{where}: node {r.node[:64]!r} is empty or not a host name"
+    if may_report is not None and not may_report(r.node):
+        return f"{kind}_not_allowed", f"{where}: the sender may not report for node {r.node[:64]!r}"
+    return "", ""
+
+
 def _rank_step_problem(rs: pb.RankStep, now_ns: int, may_report: Callable[[str], bool] | None) -> tuple[str, str]:
     """(reason, detail) for a rank step that must be dropped, or ("", "")."""
-    timings = (rs.step_seconds, rs.busy_seconds, rs.collective_wait_seconds)
-    if _bad_name(rs.job_id):
-        return "bad_rank_step", f"rank step with job id {rs.job_id[:64]!r} dropped"
+    reason, detail = _rank_identity_problem("rank_step", rs)
+    if reason:
+        return reason, detail
     where = f"job {rs.job_id} rank {rs.rank}"
-    if rs.world_size == 0 or rs.world_size > MAX_WORLD_SIZE or rs.rank >= rs.world_size:
-        return "bad_rank_step", f"{where}: rank outside world size {rs.world_size} (at most {MAX_WORLD_SIZE})"
+    timings = (rs.step_seconds, rs.busy_seconds, rs.collective_wait_seconds)
     if not all(math.isfinite(t) and 0 <= t <= MAX_STEP_SECONDS for t in timings):
         return "bad_rank_step", f"{where} step {rs.step}: timings {timings} not finite, negative or over a day"
-    if rs.step > MAX_STEP_NUMBER or rs.local_gpu > MAX_LOCAL_GPU:
-        return "bad_rank_step", f"{where}: step {rs.step} or local GPU {rs.local_gpu} is absurd"
     end_ns = rs.start_unix_ns + int(rs.step_seconds * 1e9)
     if not (_in_clock_window(rs.start_unix_ns, now_ns) and end_ns <= now_ns + MAX_FUTURE_SKEW_NS):
         return "rank_step_time_out_of_range", (f"{where} step {rs.step}: start {rs.start_unix_ns} ns is more than "
                                                f"5 min ahead of or 7 days behind the gateway")
-    if _bad_name(rs.node):
-        return "bad_rank_step", f"{where}: node {rs.node[:64]!r} is empty or not a host name"
-    if may_report is not None and not may_report(rs.node):
-        return "rank_step_not_allowed", f"{where}: the sender may not report for node {rs.node[:64]!r}"
-    return "", ""
+    return _rank_node_problem("rank_step", rs, may_report)
 
 
 def _validate_rank_steps(snap: pb.Snapshot, v: Verdict, now_ns: int,
@@ -336,16 +352,13 @@ def _validate_rank_steps(snap: pb.Snapshot, v: Verdict, now_ns: int,
 def _rank_progress_problem(rp: pb.RankProgress, now_ns: int,
                            may_report: Callable[[str], bool] | None) -> tuple[str, str]:
     """(reason, detail) for a progress heartbeat that must be dropped, or ("", "")."""
-    if _bad_name(rp.job_id):
-        return "bad_rank_progress", f"rank progress with job id {rp.job_id[:64]!r} dropped"
+    reason, detail = _rank_identity_problem("rank_progress", rp)
+    if reason:
+        return reason, detail
     where = f"job {rp.job_id} rank {rp.rank}"
-    if rp.world_size == 0 or rp.world_size > MAX_WORLD_SIZE or rp.rank >= rp.world_size:
-        return "bad_rank_progress", f"{where}: rank outside world size {rp.world_size} (at most {MAX_WORLD_SIZE})"
     if rp.collectives_entered > MAX_COLLECTIVES or rp.collectives_completed > rp.collectives_entered:
         return "bad_rank_progress", (f"{where}: {rp.collectives_completed} collectives completed of "
                                      f"{rp.collectives_entered} entered (completed > entered, or absurd)")
-    if rp.step > MAX_STEP_NUMBER or rp.local_gpu > MAX_LOCAL_GPU:
-        return "bad_rank_progress", f"{where}: step {rp.step} or local GPU {rp.local_gpu} is absurd"
     if not _in_clock_window(rp.time_unix_ns, now_ns) or any(
             t and not (now_ns - MAX_AGE_NS <= t <= rp.time_unix_ns)
             for t in (rp.last_entered_unix_ns, rp.last_completed_unix_ns)):
@@ -355,11 +368,7 @@ def _rank_progress_problem(rp: pb.RankProgress, now_ns: int,
     if (rp.collectives_entered and not rp.last_entered_unix_ns) or \
             (rp.collectives_completed and not rp.last_completed_unix_ns):
         return "bad_rank_progress", f"{where}: collectives counted without the time of the last one"
-    if _bad_name(rp.node):
-        return "bad_rank_progress", f"{where}: node {rp.node[:64]!r} is empty or not a host name"
-    if may_report is not None and not may_report(rp.node):
-        return "rank_progress_not_allowed", f"{where}: the sender may not report for node {rp.node[:64]!r}"
-    return "", ""
+    return _rank_node_problem("rank_progress", rp, may_report)
 
 
 def _validate_rank_progress(snap: pb.Snapshot, v: Verdict, now_ns: int,
