@@ -21,6 +21,7 @@ import asyncio
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 DEFAULT_STATE_DIR = Path(os.environ.get("FABRICWATCH_STATE", ".fabricwatch"))
@@ -125,6 +126,26 @@ def cmd_replay(args) -> int:
     result = replay_file(args.input, args.output, pipeline)
     print(f"{len(result.events)} anomaly events -> {args.output}; "
           + " ".join(f"{k}={v}" for k, v in sorted(result.stats.items())), file=sys.stderr)
+    return 0
+
+
+def cmd_report(args) -> int:
+    from fabricwatch import fabric_report
+
+    topology = _load_topology(args.topology)
+    if bool(args.input) == bool(args.broker):
+        print("report: give either --input RECORDING or --broker (with --since-s or --from/--to)", file=sys.stderr)
+        return 2
+    if args.input:
+        summary, events = fabric_report.from_recording(args.input, topology, _detection_config(args))
+    else:
+        to_s = args.to if args.to is not None else time.time()
+        from_s = args.from_ if args.from_ is not None else to_s - args.since_s
+        summary, events = fabric_report.run_from_kafka(args.broker, from_s, to_s, topology)
+    report = fabric_report.build(summary, events)
+    fabric_report.write(report, args.out, args.html)
+    print(f"fabric report: {len(summary.ports)} ports, {len(events)} anomaly events, {summary.seconds:.0f} s "
+          f"-> {', '.join(p for p in (args.out, args.html) if p)}", file=sys.stderr)
     return 0
 
 
@@ -361,6 +382,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--output", required=True)
     detection_opts(sp)
     sp.set_defaults(func=cmd_replay)
+
+    sp = sub.add_parser("report", help="fabric report over a window: PFC vs ECN, CNPs, uplink balance, storms, "
+                                       "drops, tuning hints (Markdown + HTML)")
+    sp.add_argument("--input", help="a recording (binary or JSON Lines), replayed through the detectors")
+    sp.add_argument("--broker", help="or read the telemetry and anomalies topics of a time window from Kafka")
+    sp.add_argument("--since-s", type=float, default=3600.0, help="with --broker: the last N seconds (default 1 h)")
+    sp.add_argument("--from", dest="from_", type=float, help="with --broker: window start, unix seconds")
+    sp.add_argument("--to", type=float, help="with --broker: window end, unix seconds (default now)")
+    sp.add_argument("--out", default="fabric-report.md", help="Markdown report; plots go to <name>_files/")
+    sp.add_argument("--html", default="fabric-report.html", help="self-contained HTML report")
+    detection_opts(sp)
+    sp.set_defaults(func=cmd_report)
 
     sp = sub.add_parser("eval", help="score the detectors and two baselines on labelled simulated scenarios")
     sp.add_argument("--out", default="docs/evaluation.md", help="markdown report; plots go to <out without .md>/")

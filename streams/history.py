@@ -45,6 +45,12 @@ class KafkaHistory:
         found = await consumer.offsets_for_times({tp: max(0, int(timestamp_ms))})
         return found[tp].offset if found.get(tp) is not None else None
 
+    async def end_offset(self, topic: str, partition: int) -> int:
+        """The offset the next record written to the partition will get."""
+        consumer = await self._get()
+        tp = TopicPartition(topic, partition)
+        return (await consumer.end_offsets([tp]))[tp]
+
     async def read(self, topic: str, partition: int, start: int, end: int) -> AsyncIterator[tuple[int, bytes]]:
         """(offset, value) of the records in [start, end); offsets the log no longer has are skipped."""
         consumer = await self._get()

@@ -34,7 +34,7 @@ log = logging.getLogger("fabricwatch.replay")
 # state does not notice). Shorter windows cost speed, longer ones delay the low watermark.
 WINDOW_S = 1.0
 
-__all__ = ["ReplayResult", "read_snapshots", "replay", "replay_file", "write_events"]
+__all__ = ["ReplayResult", "accepted_in_order", "read_snapshots", "replay", "replay_file", "write_events"]
 
 
 @dataclass
@@ -51,16 +51,7 @@ def replay(snapshots: Iterable[pb.Snapshot], pipeline: DetectionPipeline, window
     recording is fed in chunks, for every chunk but the last.
     """
     result = ReplayResult()
-    ordered = []
-    for snap in snapshots:
-        # No wall-clock window in replay: the recording's own time is the clock.
-        verdict = validate_snapshot(snap, now_ns=snap.time_unix_ns)
-        result.stats.update(f"problem:{r}" for r, _ in verdict.problems)
-        if verdict.accepted:
-            ordered.append(snap)
-        else:
-            result.stats["rejected_snapshots"] += 1
-    ordered.sort(key=lambda s: (s.time_unix_ns, s.source, s.seq))
+    ordered = accepted_in_order(snapshots, result.stats)
     window_ns = int(window_s * 1e9)
     findings: list[Finding] = []
     i = 0
@@ -76,6 +67,21 @@ def replay(snapshots: Iterable[pb.Snapshot], pipeline: DetectionPipeline, window
     result.events.extend(to_event(f, emitted_ns=f.detected_ns) for f in findings)
     result.stats.update(pipeline.counters())
     return result
+
+
+def accepted_in_order(snapshots: Iterable[pb.Snapshot], stats: Counter) -> list[pb.Snapshot]:
+    """The snapshots the gateway would accept (problems counted in ``stats``), in event-time order."""
+    ordered = []
+    for snap in snapshots:
+        # No wall-clock window in replay: the recording's own time is the clock.
+        verdict = validate_snapshot(snap, now_ns=snap.time_unix_ns)
+        stats.update(f"problem:{r}" for r, _ in verdict.problems)
+        if verdict.accepted:
+            ordered.append(snap)
+        else:
+            stats["rejected_snapshots"] += 1
+    ordered.sort(key=lambda s: (s.time_unix_ns, s.source, s.seq))
+    return ordered
 
 
 def _window(snaps: list[pb.Snapshot], pipeline: DetectionPipeline) -> list[Finding]:
