@@ -20,7 +20,7 @@ from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import records_pb2 as rec
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.streams import topics
-from fabricwatch.streams.decode import unpack
+from fabricwatch.streams.decode import to_batch, unpack
 
 from .state import FabricState
 
@@ -51,7 +51,11 @@ def apply_record(state: FabricState, topic: str, value: bytes | None) -> bool:
         if value is None:
             raise DecodeError("empty record value")
         if topic == topics.TELEMETRY:      # a record carries several ticks of one source
-            return all([state.add_snapshot(snap) for snap in unpack(rec.SourceRecord.FromString(value))])
+            record = rec.SourceRecord.FromString(value)
+            accepted = all([state.add_snapshot(snap) for snap in unpack(record)])
+            if accepted:
+                state.fabric.add(to_batch(record))
+            return accepted
         if topic == topics.RANK_STEPS:
             return state.add_rank_steps(pb.Snapshot.FromString(value))
         if topic == topics.ANOMALIES:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from fabricwatch import fabric_report
 from fabricwatch.lograte import RateLimitedLogger, install_reconnect_log_limits
 
 from .feed import FeedSettings, follow
@@ -53,6 +54,8 @@ MAX_FABRIC_LIMIT = 10_000     # rows asked for; the state caps a page by its cel
 MAX_JOBS_LIMIT = 500
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
+# The fabric report page is rebuilt (plots drawn) at most this often.
+REPORT_CACHE_S = 10.0
 _SECURITY_HEADERS = {
     # Everything is served from here: no CDN, no inline script.
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
@@ -240,6 +243,20 @@ def build_app(state: FabricState, feed_status: dict | None = None,
             return web.FileResponse(STATIC_DIR / name)
         return handler
 
+    report_cache: dict = {}
+
+    async def report(request: web.Request) -> web.Response:
+        # the fabric report of what the feed read (rendering its plots takes a while: cached)
+        now = time.monotonic()
+        if now - report_cache.get("at", -REPORT_CACHE_S) >= REPORT_CACHE_S:
+            built = fabric_report.build(state.fabric, [*state.resolved, *state.open.values()],
+                                        title="Fabric report: what this dashboard has read")
+            report_cache.update(at=now, page=built.html(css_href="/report.css"))
+        return web.Response(text=report_cache["page"], content_type="text/html")
+
+    async def report_css(request: web.Request) -> web.Response:
+        return web.Response(text=fabric_report.REPORT_CSS, content_type="text/css")
+
     async def api_fabric(request: web.Request) -> web.Response:
         return _json(state.fabric_view(time.time_ns(),
                                        problems_only=request.query.get("problems", "") in ("1", "true", "on"),
@@ -279,6 +296,8 @@ def build_app(state: FabricState, feed_status: dict | None = None,
     app.router.add_get("/", page("index.html"))
     app.router.add_get("/feed", page("feed.html"))
     app.router.add_get("/jobs", page("jobs.html"))
+    app.router.add_get("/report", report)
+    app.router.add_get("/report.css", report_css)
     app.router.add_get("/entity/{path:.+}", page("entity.html"))
     app.router.add_get("/favicon.ico", page("favicon.svg"))
     app.router.add_get("/api/fabric", api_fabric)

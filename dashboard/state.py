@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fabricwatch.lograte import RateLimitedLogger
+from fabricwatch.models.fabric_summary import FabricSummary
 from fabricwatch.models.frames import EntityFrame
 from fabricwatch.models.impact import projected_gpu_hours
 from fabricwatch.models.linkrate import parse_ib_rate
@@ -389,6 +390,8 @@ class FabricState:
         self._health: dict[str, Health] | None = None        # cache, dropped on every anomaly change
         self.listeners: list[Callable[[dict], None]] = []
         self.latest_event_ns = 0
+        # what the fabric did since the dashboard started reading (`fabricwatch report`'s numbers)
+        self.fabric = FabricSummary(topology)
         if topology is not None:
             self._load_topology(topology)
 

@@ -39,6 +39,11 @@ MARKS_PER_PAUSE_FLAG_RATIO = 10.0
 MIN_PAUSE_FRAMES = 1000     # a switch that sent fewer pause frames has no marks-per-pause figure
 
 
+REPORT_CSS = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}"
+              "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;"
+              "font-size:13px;text-align:left}th{background:#f3f3f3}img{max-width:100%}")
+
+
 @dataclass
 class Table:
     headers: list[str]
@@ -74,13 +79,12 @@ class Report:
                     out += [f"![{name}]({figures_dir.name}/{name})", ""]
         return "\n".join(out)
 
-    def html(self) -> str:
+    def html(self, css_href: str | None = None) -> str:
+        """One page; the style inline, or from ``css_href`` (a page served under a CSP without inline styles)."""
         esc = html.escape
+        style = f"<link rel='stylesheet' href='{esc(css_href)}'>" if css_href else f"<style>{REPORT_CSS}</style>"
         out = ["<!doctype html><html><head><meta charset='utf-8'>", f"<title>{esc(self.title)}</title>",
-               "<style>body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}"
-               "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;"
-               "font-size:13px;text-align:left}th{background:#f3f3f3}img{max-width:100%}</style></head><body>",
-               f"<h1>{esc(self.title)}</h1>"]
+               style, "</head><body>", f"<h1>{esc(self.title)}</h1>"]
         for s in self.sections:
             out.append(f"<h2>{esc(s.title)}</h2>")
             out += [f"<p>{esc(p)}</p>" for p in s.text]

@@ -29,7 +29,7 @@ Counters are grouped into `FAMILIES` by their source names (switch gNMI leaves, 
 from __future__ import annotations
 
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -66,6 +66,9 @@ FAMILIES = (
 FAMILY_NAMES = tuple(dict.fromkeys(f.name for f in FAMILIES))
 _INDEX = {name: i for i, name in enumerate(FAMILY_NAMES)}
 _COMPILED = [(re.compile(f.pattern), _INDEX[f.name]) for f in FAMILIES]
+# Ports summed at most (a 100,000-GPU fabric has about 250,000): beyond, new ids are refused
+# and counted (the ids come from the senders).
+MAX_PORTS = 500_000
 # Per-second timeline of each switch's pause frames kept for at most this many seconds.
 MAX_TIMELINE_S = 86_400
 
@@ -105,8 +108,10 @@ class UplinkBalance:
 class FabricSummary:
     """Totals per (cluster, source, port) of every `FAMILIES` counter, over the batches added."""
 
-    def __init__(self, topology: Topology | None = None) -> None:
+    def __init__(self, topology: Topology | None = None, max_ports: int = MAX_PORTS) -> None:
         self.topology = topology
+        self.max_ports = max_ports
+        self.stats: Counter[str] = Counter()
         self.ports: dict[tuple[str, str, str], PortTotals] = {}
         self.kinds: dict[tuple[str, str], str] = {}          # (cluster, source) -> "node" | "switch"
         self.first_ns: int | None = None
@@ -127,7 +132,8 @@ class FabricSummary:
         lo, hi = int(batch.times_ns[0]), int(batch.times_ns[-1])
         self.first_ns = lo if self.first_ns is None else min(self.first_ns, lo)
         self.last_ns = hi if self.last_ns is None else max(self.last_ns, hi)
-        self.kinds[(batch.cluster, batch.source)] = batch.source_kind
+        if len(self.kinds) < self.max_ports or (batch.cluster, batch.source) in self.kinds:
+            self.kinds[(batch.cluster, batch.source)] = batch.source_kind
         pause_col = _INDEX["pause_tx_frames"]
         for stack in batch.stacks:
             w = self._weights.get(stack.counter_names)
@@ -142,6 +148,9 @@ class FabricSummary:
                 key = (batch.cluster, batch.source, entity)
                 port = self.ports.get(key)
                 if port is None:
+                    if len(self.ports) >= self.max_ports:
+                        self.stats["ports_refused"] += 1
+                        continue
                     port = self.ports[key] = PortTotals()
                 port.values += totals[i]
             if batch.source_kind == "switch" and w[:, pause_col].any():

@@ -132,3 +132,36 @@ async def test_an_unreachable_broker_is_reported_and_retried_while_the_pages_sta
         stop.set()
         await asyncio.wait_for(feed, 10)
     assert status["state"] == "stopped"
+
+
+async def test_the_report_page_shows_what_the_feed_read_under_the_strict_policy():
+    from fabricwatch.dashboard.feed import apply_record
+    from fabricwatch.protos.v1 import telemetry_pb2 as pb
+    from fabricwatch.streams import topics
+    from fabricwatch.streams.decode import pack
+
+    state = FabricState()
+    snaps = []
+    for i in range(3):
+        s = pb.Snapshot(cluster="c1", source="leaf-u0-r2", source_kind=pb.SOURCE_KIND_SWITCH,
+                        time_unix_ns=1_790_000_000 * 10**9 + i * 10**9, seq=i)
+        b = s.blocks.add(entity_kind=pb.ENTITY_KIND_SWITCH_PORT, entity_ids=["Ethernet4"],
+                         counter_names=["pfc3-tx-pkts", "out-octets"])
+        b.counters.extend([5000 * i, 10**9 * i])
+        snaps.append(s)
+    assert apply_record(state, topics.TELEMETRY, pack(snaps).SerializeToString())
+    state.add_anomaly(storm_event())
+    client = await client_for(state)
+    try:
+        resp = await client.get("/report")
+        assert resp.status == 200 and "text/html" in resp.headers["Content-Type"]
+        assert resp.headers["Content-Security-Policy"].startswith("default-src 'self'")
+        page = await resp.text()
+        assert "<style>" not in page and "href='/report.css'" in page
+        switches = page.split("Switches: PFC pauses")[1]
+        assert "leaf-u0-r2" in switches and "10000" in switches         # 2 intervals x 5000 pause frames
+        assert "data:image/png;base64," in page
+        css = await client.get("/report.css")
+        assert css.status == 200 and "text/css" in css.headers["Content-Type"]
+    finally:
+        await client.close()
