@@ -75,11 +75,20 @@ class _Unpickler(pickle.Unpickler):
             raise pickle.UnpicklingError(f"checkpoint refers to {pid!r}, which this worker does not share") from None
 
 
-def dumps(obj: object, externals: dict[str, object]) -> bytes:
-    """``obj`` pickled and compressed; objects of ``externals`` are stored by name."""
+def pickled(obj: object, externals: dict[str, object]) -> bytes:
+    """``obj`` pickled (a consistent copy of it); objects of ``externals`` are stored by name."""
     buf = io.BytesIO()
     _Pickler(buf, externals).dump(obj)
-    return zlib.compress(buf.getvalue(), 1)
+    return buf.getvalue()
+
+
+def compressed(raw: bytes) -> bytes:
+    return zlib.compress(raw, 1)
+
+
+def dumps(obj: object, externals: dict[str, object]) -> bytes:
+    """``obj`` pickled and compressed; objects of ``externals`` are stored by name."""
+    return compressed(pickled(obj, externals))
 
 
 def loads(data: bytes, externals: dict[str, object]) -> object:
