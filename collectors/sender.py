@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import grpc
 
 from fabricwatch import metrics
+from fabricwatch.grpc_tls import channel_credentials, check_client_tls
 from fabricwatch.lograte import RateLimitedLogger
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.protos.v1 import telemetry_pb2_grpc as pb_grpc
@@ -56,10 +57,7 @@ class SenderConfig:
                 raise ValueError(f"{name} must be >= 1")
         if not 0 < self.backoff_initial_s <= self.backoff_max_s:
             raise ValueError("need 0 < backoff_initial_s <= backoff_max_s")
-        if bool(self.client_cert_path) != bool(self.client_key_path):
-            raise ValueError("client_cert_path and client_key_path go together (mTLS)")
-        if self.client_cert_path and not self.root_cert_path:
-            raise ValueError("a client certificate needs TLS: set root_cert_path too")
+        check_client_tls(self.root_cert_path, self.client_cert_path, self.client_key_path)
 
 
 def open_channel(config: SenderConfig) -> grpc.aio.Channel:
@@ -70,15 +68,7 @@ def open_channel(config: SenderConfig) -> grpc.aio.Channel:
     if config.server_name_override:
         options.append(("grpc.ssl_target_name_override", config.server_name_override))
     if config.root_cert_path:
-        with open(config.root_cert_path, "rb") as fh:
-            root = fh.read()
-        key = chain = None
-        if config.client_cert_path:
-            with open(config.client_key_path, "rb") as fh:
-                key = fh.read()
-            with open(config.client_cert_path, "rb") as fh:
-                chain = fh.read()
-        creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
+        creds = channel_credentials(config.root_cert_path, config.client_cert_path, config.client_key_path)
         return grpc.aio.secure_channel(config.target, creds, options=options)
     return grpc.aio.insecure_channel(config.target, options=options)
 

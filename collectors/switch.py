@@ -22,6 +22,8 @@ from pathlib import Path
 
 import yaml
 
+from fabricwatch.grpc_tls import check_client_tls
+
 from .gnmi_profiles import PROFILES
 
 log = logging.getLogger("fabricwatch.switch")
@@ -34,7 +36,7 @@ _SWITCH_KEYS = {"name", "target", "profile", "tls", "credentials", "auth", "enco
                 "heartbeat_interval_ms", "priorities", "tick_quiet_ms", "stall_timeout_s", "backoff_initial_s",
                 "backoff_max_s"}
 _DEFAULT_KEYS = _SWITCH_KEYS - {"name", "target"}
-_GATEWAY_KEYS = {"target", "token", "token_file", "ca", "server_name"}
+_GATEWAY_KEYS = {"target", "token", "token_file", "ca", "server_name", "client_cert", "client_key"}
 _TOP_KEYS = {"cluster", "gateway", "defaults", "switches"}
 _CREDENTIAL_KEYS = {"username", "password"}
 
@@ -45,6 +47,8 @@ class GatewayTarget:
     token: str = field(default="", repr=False)
     ca: str = ""
     server_name: str = ""
+    client_cert: str = ""        # mTLS to a gateway run with --client-ca
+    client_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -207,7 +211,14 @@ def _gateway(raw, base: Path) -> GatewayTarget:
     if not ca and not is_loopback(host):
         _fail("gateway", f"a gateway at {host} needs TLS: set gateway.ca (only loopback may be plaintext)")
     server_name = _str("gateway.server_name", raw["server_name"]) if raw.get("server_name") else ""
-    return GatewayTarget(target=target, token=token, ca=ca, server_name=server_name)
+    client_cert = _file("gateway.client_cert", raw["client_cert"], base) if raw.get("client_cert") else ""
+    client_key = _file("gateway.client_key", raw["client_key"], base) if raw.get("client_key") else ""
+    try:
+        check_client_tls(ca, client_cert, client_key)
+    except ValueError as exc:
+        _fail("gateway", str(exc))
+    return GatewayTarget(target=target, token=token, ca=ca, server_name=server_name, client_cert=client_cert,
+                         client_key=client_key)
 
 
 def parse_config(data, base: Path = Path(".")) -> CollectorConfig:
@@ -328,6 +339,7 @@ async def collect(config: CollectorConfig, *, record_path: str | None = None, du
     if config.gateway:
         gw = config.gateway
         sender = GatewaySender(SenderConfig(target=gw.target, token=gw.token, root_cert_path=gw.ca,
+                                            client_cert_path=gw.client_cert, client_key_path=gw.client_key,
                                             server_name_override=gw.server_name))
         sender_task = asyncio.create_task(sender.run(sender_stop))
     record = open(record_path, "w", encoding="utf-8") if record_path else None

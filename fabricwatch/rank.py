@@ -85,6 +85,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from fabricwatch.grpc_tls import channel_credentials, check_client_tls
+
 log = logging.getLogger("fabricwatch.rank")
 
 __all__ = ["RankIdentity", "RankReporter", "StepRecord", "InspectorSteps", "default_reporter",
@@ -270,6 +272,8 @@ class RankReporter:
     gateway : ``host:port`` of the ingest gateway; empty disables the reporter (no-op).
     token, ca_cert, server_name, cluster : as ``FABRICWATCH_TOKEN``, ``FABRICWATCH_CA_CERT``,
         ``FABRICWATCH_TLS_SERVER_NAME``, ``FABRICWATCH_CLUSTER``.
+    client_cert, client_key : mTLS, for a gateway run with ``--client-ca``: as
+        ``FABRICWATCH_CLIENT_CERT``, ``FABRICWATCH_CLIENT_KEY`` (PEM files).
     max_buffered : steps kept while the gateway is slow or down; past it the oldest are
         dropped (``stats["dropped_buffer_full"]``).
     flush_interval_s : how often the background thread sends what was recorded.
@@ -279,6 +283,7 @@ class RankReporter:
     """
 
     def __init__(self, identity: RankIdentity, gateway: str = "", *, token: str = "", ca_cert: str = "",
+                 client_cert: str = "", client_key: str = "",
                  server_name: str = "", cluster: str = "", max_buffered: int = 10_000,
                  flush_interval_s: float = 1.0, send_timeout_s: float = 5.0, backoff_max_s: float = 30.0,
                  exit_flush_s: float = 2.0, heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S) -> None:
@@ -291,7 +296,8 @@ class RankReporter:
         self.identity = identity
         self.gateway = gateway.strip()
         self.token = token
-        self.ca_cert = ca_cert
+        check_client_tls(ca_cert, client_cert, client_key)
+        self.ca_cert, self.client_cert, self.client_key = ca_cert, client_cert, client_key
         self.server_name = server_name
         self.cluster = cluster
         self.max_buffered = max_buffered
@@ -361,6 +367,8 @@ class RankReporter:
         disabled = env.get("FABRICWATCH_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
         options = dict(gateway="" if disabled else env.get("FABRICWATCH_GATEWAY", ""),
                        token=env.get("FABRICWATCH_TOKEN", ""), ca_cert=env.get("FABRICWATCH_CA_CERT", ""),
+                       client_cert=env.get("FABRICWATCH_CLIENT_CERT", ""),
+                       client_key=env.get("FABRICWATCH_CLIENT_KEY", ""),
                        server_name=env.get("FABRICWATCH_TLS_SERVER_NAME", ""),
                        cluster=env.get("FABRICWATCH_CLUSTER", ""))
         options.update(kwargs)
@@ -672,8 +680,7 @@ class _Client:
         if reporter.server_name:
             options.append(("grpc.ssl_target_name_override", reporter.server_name))
         if reporter.ca_cert:
-            with open(reporter.ca_cert, "rb") as fh:
-                creds = grpc.ssl_channel_credentials(root_certificates=fh.read())
+            creds = channel_credentials(reporter.ca_cert, reporter.client_cert, reporter.client_key)
             self.channel = grpc.secure_channel(reporter.gateway, creds, options=options)
         else:
             self.channel = grpc.insecure_channel(reporter.gateway, options=options)

@@ -88,11 +88,12 @@ class FakeGateway(pb_grpc.IngestServicer):
 
 
 @contextmanager
-def fake_gateway(token: str = ""):
+def fake_gateway(token: str = "", credentials=None):
     service = FakeGateway(token)
     server = grpc.server(ThreadPoolExecutor(max_workers=2))
     pb_grpc.add_IngestServicer_to_server(service, server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = (server.add_secure_port("127.0.0.1:0", credentials) if credentials is not None
+            else server.add_insecure_port("127.0.0.1:0"))
     server.start()
     try:
         yield service, f"127.0.0.1:{port}"
@@ -383,6 +384,36 @@ def test_steps_reach_the_gateway_validated(clock):
             (pytest.approx(0.3), pytest.approx(0.2), pytest.approx(0.1))
         snap = gw.snapshots[0]
         assert (snap.source, snap.source_kind, snap.cluster) == ("node-a", pb.SOURCE_KIND_NODE, "c1")
+
+
+def test_steps_reach_a_gateway_that_needs_a_client_certificate(clock, tmp_path):
+    """With --client-ca the handshake needs a certificate signed by that CA (the node
+    collector's `gateway.client_cert`): the SDK presents one from FABRICWATCH_CLIENT_CERT/KEY."""
+    from fabricwatch.localtls import ensure_self_signed
+    from fabricwatch.streams.gateway import server_credentials
+
+    cert, key = ensure_self_signed(tmp_path / "server")
+    client_cert, client_key = ensure_self_signed(tmp_path / "client")      # self-signed: its own CA
+    creds = server_credentials(str(cert), str(key), client_ca_path=str(client_cert))
+    with fake_gateway(credentials=creds) as (gw, target):
+        env = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "job-t",
+               "FABRICWATCH_GATEWAY": target, "FABRICWATCH_CA_CERT": str(cert),
+               "FABRICWATCH_TLS_SERVER_NAME": "localhost", "FABRICWATCH_CLIENT_CERT": str(client_cert),
+               "FABRICWATCH_CLIENT_KEY": str(client_key)}
+        without = RankReporter(IDENT, target, ca_cert=str(cert), server_name="localhost", flush_interval_s=0.05,
+                               backoff_max_s=0.2)
+        with_cert = RankReporter.from_env(env, flush_interval_s=0.05)
+        try:
+            for r in (without, with_cert):
+                with r.step():
+                    clock.t += 0.2
+            assert with_cert.flush(10) and not without.flush(1)
+        finally:
+            without.close(0.5)
+            with_cert.close(1)
+        assert [s.job_id for s in gw.steps] == ["job-t"] and without.stats["sent"] == 0
+    with pytest.raises(ValueError, match="go together"):
+        RankReporter(IDENT, target, ca_cert=str(cert), client_cert=str(client_cert))
 
 
 def test_outage_keeps_steps_and_resends_them(caplog):

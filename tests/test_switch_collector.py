@@ -421,6 +421,9 @@ def test_config_refuses_contradictions_and_plaintext_gateway(tmp_path):
     with pytest.raises(ValueError, match="gateway at gw.example needs TLS"):
         parse_config({"gateway": {"target": "gw.example:50051"}, "switches": [{"name": "a", "target": "h:1"}]},
                      tmp_path)
+    with pytest.raises(ValueError, match="gateway: the client certificate and its key go together"):
+        parse_config({"gateway": {"target": "127.0.0.1:1", "ca": "ca.pem", "client_cert": "ca.pem"},
+                      "switches": [{"name": "a", "target": "h:1"}]}, tmp_path)
     with pytest.raises(ValueError, match=r"config: unknown key 'switch'"):
         parse_config({"switch": []}, tmp_path)
     write(tmp_path / "bad.yaml", "username: u\npasswd: p\n")
@@ -610,16 +613,22 @@ def sample_index(snap_table: dict) -> int:
 
 
 async def test_end_to_end_fake_target_over_mtls_to_the_gateway(fake_server_bin, pki, tmp_path):
+    """mTLS on both sides: to the switch's gNMI server, and to a gateway run with --client-ca
+    (the collector presents `gateway.client_cert`, as the node collector and the rank SDK do)."""
+    from fabricwatch.streams.gateway import server_credentials
+
     sink, gw_port = RecordingSink(), free_port()
     gateway = grpc.aio.server()
     # the cluster of every snapshot is the gateway's (or its token's), whatever the collector says
     pb_grpc.add_IngestServicer_to_server(IngestService(sink, cluster="c1"), gateway)
-    gateway.add_insecure_port(f"127.0.0.1:{gw_port}")
+    gateway.add_secure_port(f"127.0.0.1:{gw_port}", server_credentials(pki["server.pem"], pki["server.key"],
+                                                                       client_ca_path=pki["ca.pem"]))
     await gateway.start()
     with fake_target(fake_server_bin, FIXTURES / "openconfig.textproto", pki, tmp_path, mtls=True) as fake:
         config = parse_config({
             "cluster": "c1",
-            "gateway": {"target": f"127.0.0.1:{gw_port}", "token": ""},
+            "gateway": {"target": f"127.0.0.1:{gw_port}", "token": "", "ca": pki["ca.pem"],
+                        "client_cert": pki["client.pem"], "client_key": pki["client.key"]},
             "switches": [{"name": "leaf-01", "target": f"127.0.0.1:{fake.port}", "profile": "openconfig",
                           "sample_interval_ms": 200, "priorities": [3],
                           "tls": {"ca": pki["ca.pem"], "client_cert": pki["client.pem"],
