@@ -41,14 +41,9 @@ def _load_topology(path: str | None):
 
 
 def _detection_config(args):
-    from fabricwatch.streams.pipeline import DetectionConfig
+    from fabricwatch.streams.pipeline import detection_config_of
 
-    config = DetectionConfig(default_nic_rate=args.default_nic_rate, pfc_detection_time_ms=args.pfc_detection_ms,
-                             pfc_restoration_time_ms=args.pfc_restoration_ms, collector_linger_s=args.collector_linger)
-    from fabricwatch.streams.pipeline import DetectionPipeline
-
-    DetectionPipeline(config)   # validates every threshold now, before anything starts
-    return config
+    return detection_config_of(args)
 
 
 def cmd_gateway(args) -> int:

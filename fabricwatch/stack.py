@@ -68,9 +68,9 @@ class LocalStack:
         print(text, flush=True)
 
     def run(self) -> int:
-        from fabricwatch.cli import _detection_config
+        from fabricwatch.streams.pipeline import detection_config_of
 
-        _detection_config(self.args)   # refuse bad thresholds before starting anything
+        detection_config_of(self.args)   # refuse bad thresholds before starting anything
         if self.args.topology:
             from fabricwatch.models.topology import Topology
 

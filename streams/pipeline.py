@@ -31,7 +31,16 @@ from .source_stage import SourceOutput, SourceStage
 from .storm_stage import StormStage
 from .straggler_stage import StragglerStage
 
-__all__ = ["DetectionConfig", "DetectionPipeline", "SourceOutput"]
+__all__ = ["DetectionConfig", "DetectionPipeline", "SourceOutput", "detection_config_of"]
+
+
+def detection_config_of(args) -> DetectionConfig:
+    """The detection settings of the command line (`detection_opts`), every threshold checked
+    now (a pipeline is built with them) before anything starts."""
+    config = DetectionConfig(default_nic_rate=args.default_nic_rate, pfc_detection_time_ms=args.pfc_detection_ms,
+                             pfc_restoration_time_ms=args.pfc_restoration_ms, collector_linger_s=args.collector_linger)
+    DetectionPipeline(config)
+    return config
 
 
 class DetectionPipeline:
