@@ -6,6 +6,7 @@ signature with the shared secret, as a receiver would.
 """
 from __future__ import annotations
 
+import email.utils
 import hashlib
 import hmac
 import json
@@ -226,21 +227,24 @@ SECRET = "whsec-test-0123"
 class Receiver:
     """A launcher's webhook endpoint: verifies the HMAC, answers from a script of statuses."""
 
-    def __init__(self, statuses=(200,), answer: dict | None = None):
+    def __init__(self, statuses=(200,), answer: dict | None = None, error_headers=None):
         self.statuses = list(statuses)
         self.answer = answer or {"status": "accepted"}
+        self.error_headers = error_headers or (lambda: {})
+        self.received_at: list[float] = []
         self.received: list[tuple[bytes, dict]] = []
         self.url = ""
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.read()
         self.received.append((body, dict(request.headers)))
+        self.received_at.append(time.monotonic())
         expected = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
         if not hmac.compare_digest(request.headers.get(SIGNATURE_HEADER, ""), expected):
             return web.json_response({"error": "bad signature"}, status=401)
         status = self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
         if status >= 300:
-            return web.json_response({"error": f"status {status}"}, status=status)
+            return web.json_response({"error": f"status {status}"}, status=status, headers=self.error_headers())
         return web.json_response(self.answer, status=status)
 
 
@@ -291,6 +295,23 @@ async def test_webhook_retries_503_with_the_same_signed_body(serve):
     assert result.status == DONE and "attempt 3" in result.detail
     assert len(receiver.received) == 3
     assert len({(body, h[SIGNATURE_HEADER], h["Idempotency-Key"]) for body, h in receiver.received}) == 1
+
+
+async def test_webhook_honours_a_retry_after_given_as_an_http_date(serve):
+    """RFC 9110: Retry-After is delta-seconds or an HTTP-date; a launcher that says "after
+    <date>" is not retried before it (our own backoff here would be 10 ms)."""
+    def two_seconds_ahead():
+        return {"Retry-After": email.utils.formatdate(time.time() + 2.0, usegmt=True)}
+
+    receiver = await serve(Receiver(statuses=[503, 200], error_headers=two_seconds_ahead))
+    ex = placed(webhook_url=receiver.url, webhook_secret=SECRET, webhook_backoff_s=0.01)
+    try:
+        result = await ex.execute(request())
+    finally:
+        await ex.close()
+    assert result.status == DONE and "attempt 2" in result.detail
+    first, second = receiver.received_at
+    assert second - first >= 1.0                  # the date has a 1 s resolution: 1 to 2 s
 
 
 async def test_webhook_gives_up_after_the_attempts_and_does_not_retry_4xx(serve):

@@ -56,6 +56,7 @@ from fabricwatch.actions.base import (
     ActionRequest,
     ExecutionResult,
 )
+from fabricwatch.actions.alerts.http import retry_after_s
 from fabricwatch.actions.escape import untrusted
 from fabricwatch.netaddr import is_loopback
 
@@ -382,10 +383,9 @@ def _webhook_status(text: str) -> str:
 
 
 def _retry_after_s(value: str | None, cap_s: float = 60.0) -> float | None:
-    try:
-        return min(max(float(value), 0.0), cap_s) if value is not None else None
-    except ValueError:
-        return None   # an HTTP date: fall back to our own backoff
+    """The receiver's Retry-After (delta-seconds or an HTTP date), at most ``cap_s``."""
+    wait_s = retry_after_s(value)
+    return None if wait_s is None else min(wait_s, cap_s)
 
 
 def _quote(arg: str) -> str:
