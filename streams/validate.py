@@ -298,32 +298,38 @@ def _clean_gauges(snap: pb.Snapshot, block: pb.CounterBlock, v: Verdict) -> None
             v.problem("gauge_out_of_range", f"{where}: {names[j]}={value:g} outside [{lo[j]:g}, {hi[j]:g}] (wrong unit?)")
 
 
-def _rank_identity_problem(kind: str, r: pb.RankStep | pb.RankProgress) -> tuple[str, str]:
+# Reason codes of the two rank records: (malformed, its node not the sender's to report).
+_STEP_REASONS = ("bad_rank_step", "rank_step_not_allowed")
+_PROGRESS_REASONS = ("bad_rank_progress", "rank_progress_not_allowed")
+
+
+def _rank_identity_problem(reasons: tuple[str, str], r: pb.RankStep | pb.RankProgress) -> tuple[str, str]:
     """(reason, detail) when a rank step's or heartbeat's job, rank, step or GPU is unusable."""
+    bad = reasons[0]
     if _bad_name(r.job_id):
-        return f"bad_{kind}", f"{kind.replace('_', ' ')} with job id {r.job_id[:64]!r} dropped"
+        return bad, f"{bad.removeprefix('bad_').replace('_', ' ')} with job id {r.job_id[:64]!r} dropped"
     where = f"job {r.job_id} rank {r.rank}"
     if r.world_size == 0 or r.world_size > MAX_WORLD_SIZE or r.rank >= r.world_size:
-        return f"bad_{kind}", f"{where}: rank outside world size {r.world_size} (at most {MAX_WORLD_SIZE})"
+        return bad, f"{where}: rank outside world size {r.world_size} (at most {MAX_WORLD_SIZE})"
     if r.step > MAX_STEP_NUMBER or r.local_gpu > MAX_LOCAL_GPU:
-        return f"bad_{kind}", f"{where}: step {r.step} or local GPU {r.local_gpu} is absurd"
+        return bad, f"{where}: step {r.step} or local GPU {r.local_gpu} is absurd"
     return "", ""
 
 
-def _rank_node_problem(kind: str, r: pb.RankStep | pb.RankProgress,
+def _rank_node_problem(reasons: tuple[str, str], r: pb.RankStep | pb.RankProgress,
                        may_report: Callable[[str], bool] | None) -> tuple[str, str]:
     """(reason, detail) when the node a rank runs on is no host name or not the sender's to report."""
     where = f"job {r.job_id} rank {r.rank}"
     if _bad_name(r.node):
-        return f"bad_{kind}", f"{where}: node {r.node[:64]!r} is empty or not a host name"
+        return reasons[0], f"{where}: node {r.node[:64]!r} is empty or not a host name"
     if may_report is not None and not may_report(r.node):
-        return f"{kind}_not_allowed", f"{where}: the sender may not report for node {r.node[:64]!r}"
+        return reasons[1], f"{where}: the sender may not report for node {r.node[:64]!r}"
     return "", ""
 
 
 def _rank_step_problem(rs: pb.RankStep, now_ns: int, may_report: Callable[[str], bool] | None) -> tuple[str, str]:
     """(reason, detail) for a rank step that must be dropped, or ("", "")."""
-    reason, detail = _rank_identity_problem("rank_step", rs)
+    reason, detail = _rank_identity_problem(_STEP_REASONS, rs)
     if reason:
         return reason, detail
     where = f"job {rs.job_id} rank {rs.rank}"
@@ -334,7 +340,7 @@ def _rank_step_problem(rs: pb.RankStep, now_ns: int, may_report: Callable[[str],
     if not (_in_clock_window(rs.start_unix_ns, now_ns) and end_ns <= now_ns + MAX_FUTURE_SKEW_NS):
         return "rank_step_time_out_of_range", (f"{where} step {rs.step}: start {rs.start_unix_ns} ns is more than "
                                                f"5 min ahead of or 7 days behind the gateway")
-    return _rank_node_problem("rank_step", rs, may_report)
+    return _rank_node_problem(_STEP_REASONS, rs, may_report)
 
 
 def _validate_rank_steps(snap: pb.Snapshot, v: Verdict, now_ns: int,
@@ -352,7 +358,7 @@ def _validate_rank_steps(snap: pb.Snapshot, v: Verdict, now_ns: int,
 def _rank_progress_problem(rp: pb.RankProgress, now_ns: int,
                            may_report: Callable[[str], bool] | None) -> tuple[str, str]:
     """(reason, detail) for a progress heartbeat that must be dropped, or ("", "")."""
-    reason, detail = _rank_identity_problem("rank_progress", rp)
+    reason, detail = _rank_identity_problem(_PROGRESS_REASONS, rp)
     if reason:
         return reason, detail
     where = f"job {rp.job_id} rank {rp.rank}"
@@ -368,7 +374,7 @@ def _rank_progress_problem(rp: pb.RankProgress, now_ns: int,
     if (rp.collectives_entered and not rp.last_entered_unix_ns) or \
             (rp.collectives_completed and not rp.last_completed_unix_ns):
         return "bad_rank_progress", f"{where}: collectives counted without the time of the last one"
-    return _rank_node_problem("rank_progress", rp, may_report)
+    return _rank_node_problem(_PROGRESS_REASONS, rp, may_report)
 
 
 def _validate_rank_progress(snap: pb.Snapshot, v: Verdict, now_ns: int,

@@ -107,6 +107,7 @@ def test_reject_reasons_are_the_validation_reason_codes():
     validate = (ROOT / "streams/validate.py").read_text()
     codes = set(re.findall(r'v\.problem\("([a-z_]+)"', validate)) | set(re.findall(r'return "([a-z_]+)", ', validate))
     codes |= set(re.findall(r'reason, detail = "([a-z_]+)", ', validate))
+    codes |= {c for pair in re.findall(r'_REASONS = \("([a-z_]+)", "([a-z_]+)"\)', validate) for c in pair}
     codes |= set(re.findall(r'\("([a-z_]+)",\s*\n?\s*f"', (ROOT / "streams/gateway.py").read_text()))
     assert "source_not_allowed" in codes and "gauge_out_of_range" in codes
     assert codes == set(metrics.REJECT_REASONS)
