@@ -62,7 +62,7 @@ class Accounting:
     def _age_s(self, finding: Finding, received_ns: int, now_ns: int) -> float:
         return (now_ns - (received_ns or finding.detected_ns)) / 1e9
 
-    def settle(self, findings: list[Finding], scope: str, received_ns: int, started_s: float) -> list[Finding]:
+    def settle(self, findings: list[Finding], scope: str, received_ns: int, started_s: float | None) -> list[Finding]:
         """The findings of one record as they go out: staleness applied, re-raises added, accounted."""
         limit_s = self.max_sample_age_s
         if limit_s is not None:
@@ -110,9 +110,12 @@ class Accounting:
         return out
 
     # -- the book, metrics and logs -------------------------------------------------------
-    def account(self, findings: list[Finding], started_s: float, stage: str | None = None) -> None:
+    def account(self, findings: list[Finding], started_s: float | None, stage: str | None = None) -> None:
+        """Count what goes out; ``started_s``: when the record's processing began (None: the
+        caller times several records together)."""
         stage = stage or self.stage
-        _PROCESSING_S[stage].observe(time.perf_counter() - started_s)
+        if started_s is not None:
+            _PROCESSING_S[stage].observe(time.perf_counter() - started_s)
         if not findings:
             return
         now_ns = time.time_ns()
