@@ -90,6 +90,8 @@ SWITCH_GATEWAY = [
     ("token_file", "none", "file holding the collector's bearer token (preferred over `token`)"),
     ("token", "env `FABRICWATCH_TOKEN`", "the bearer token itself (one of `token`, `token_file`)"),
     ("server_name", "the target host", "TLS name override, when the gateway certificate names another host"),
+    ("client_cert", "none", "this collector's certificate (PEM), for a gateway run with `--client-ca` (mTLS)"),
+    ("client_key", "none", "its private key (PEM); both or neither, and only with `ca`"),
 ]
 SWITCH_SWITCH = [
     ("name", "required", "switch name = snapshot `source`; unique"),
