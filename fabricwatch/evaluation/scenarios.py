@@ -88,9 +88,11 @@ _CLASS_OF_GT_KIND = {
     "gpu_xid": "gpu_xid",
     "ecc_uncorrectable": "gpu_ecc_uncorrectable",
     "link_down": "link_down",
+    "ecmp_imbalance": "ecmp_imbalance",
+    "pfc_deadlock": "pfc_deadlock",
 }
 FAULT_CLASSES = ("link_downgrade", "pcie_downgrade", "link_flap", "pfc_storm", "straggler", "gpu_xid",
-                 "gpu_ecc_uncorrectable", "link_down")
+                 "gpu_ecc_uncorrectable", "link_down", "ecmp_imbalance", "pfc_deadlock")
 
 DOWNGRADE_RATES = ("200 Gb/sec (4X HDR)", "100 Gb/sec (4X EDR)", "400 Gb/sec (8X HDR)", "200 Gb/sec (2X NDR)")
 # Hardware and firmware XIDs of NVIDIA's catalog (`fabricwatch.xid`): the gpu_xid cases.
@@ -128,6 +130,7 @@ class Scenario:
     # 0: every tick is a full snapshot, every `interval_s`. > 0: the collectors' cadence,
     # PFC-only ticks every `pfc_interval_s` between full snapshots every `interval_s`.
     pfc_interval_s: float = 0.0
+    ecmp_spread: bool = False   # leaves spread their spine traffic over every spine (`ClusterSimulator`)
 
     def topology(self) -> Topology:
         return _topology(self.n_nodes, self.nodes_per_unit or min(32, self.n_nodes), self.n_spines)
@@ -135,7 +138,8 @@ class Scenario:
     def simulator(self) -> ClusterSimulator:
         cadence = Cadence(self.pfc_interval_s, self.interval_s) if self.pfc_interval_s else None
         return ClusterSimulator(self.topology(), seed=self.seed, interval_s=self.tick_s, cadence=cadence,
-                                faults=list(self.faults), switch_tx_pause_duration=self.switch_tx_pause_duration)
+                                faults=list(self.faults), switch_tx_pause_duration=self.switch_tx_pause_duration,
+                                ecmp_spread=self.ecmp_spread)
 
     @property
     def tick_s(self) -> float:
