@@ -614,9 +614,10 @@ class PfcDeadlock:
     kind = "pfc_deadlock"
 
     def __post_init__(self) -> None:
+        switches = {sw for sw, _ in self.ports}
+        if len(switches) < 2:
+            raise ValueError(f"a deadlock cycle spans at least two switches, got {sorted(switches)}")
         _check_times(self.onset_s, self.offset_s)
-        if len({sw for sw, _ in self.ports}) < 2:
-            raise ValueError("a deadlock cycle spans at least two switches")
 
 
 Fault = Union[LinkDowngrade, NicPcieDowngrade, GpuPcieDowngrade, LinkFlap, AdminToggle, PfcStorm,
