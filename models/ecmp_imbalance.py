@@ -22,9 +22,10 @@ the uplinks of a leaf are its ports whose cable peer (topology) is a spine. Rule
   utilisation is at least ``MIN_MEAN_UTILISATION`` (an idle leaf's ratios are noise);
 * it is *imbalanced* when the hottest uplink carries at least ``MAX_OVER_MEAN`` x the mean
   and at least ``MIN_SPREAD_UTILISATION`` of line rate more than the coldest;
-* ``ecmp_imbalance`` opens after ``OPEN_WINDOWS`` imbalanced windows in a row **with the
-  same hottest uplink** (polarization is static; ECMP jitter from flows that come and go,
-  flowlets or adaptive routing moves the hot spot from window to window), and resolves
+* ``ecmp_imbalance`` opens after ``OPEN_WINDOWS`` imbalanced windows in a row, **each
+  window's hottest uplink among the previous window's hot ones** (``HOT_OVER_MEAN``):
+  polarization is static; ECMP jitter from flows that come and go, flowlets or adaptive
+  routing moves the hot spot from window to window. It resolves
   after ``RESOLVE_WINDOWS`` windows in a row that are not imbalanced.
 
 Evidence: max/mean and the coefficient of variation across the uplinks, the hot and the cold
@@ -79,10 +80,10 @@ MIN_MEAN_UTILISATION = 0.02
 # so 1.5 x is beyond what a working hash does with a realistic flow count. Fewer flows than
 # that is itself the problem the hint addresses (more QPs per connection).
 MAX_OVER_MEAN = 1.5
-# ... and the hottest uplink carries at least 10 % of line rate more than the coldest: a ratio
-# on a trickle (a few Gb/s either way) moves no job's step time.
-MIN_SPREAD_UTILISATION = 0.1
-# Imbalanced windows in a row, with the same hottest uplink, before it opens (30 s): ECMP
+# ... and the hottest uplink carries at least 5 % of line rate more than the coldest (20 Gb/s
+# on 400G, a few NCCL channels' worth): a ratio on a trickle moves no job's step time.
+MIN_SPREAD_UTILISATION = 0.05
+# Imbalanced windows in a row, the hot spot staying put, before it opens (30 s): ECMP
 # jitter (flows starting and ending, flowlet switching, adaptive routing) moves the hot spot;
 # polarization keeps it where the hash put it.
 OPEN_WINDOWS = 3
@@ -109,7 +110,7 @@ class _Leaf:
     window_start_ns: int
     last_ns: int
     streak: int = 0
-    hot: str = ""
+    hot: frozenset = frozenset()        # last window's hot uplinks
     quiet: int = 0
     finding: Finding | None = None
 
@@ -207,7 +208,7 @@ class EcmpImbalanceDetector(PerTick):
                 top, bottom = float(np.max(util[idx])), float(np.min(util[idx]))
                 imbalanced = top >= MAX_OVER_MEAN * m and top - bottom >= MIN_SPREAD_UTILISATION
         if not imbalanced:
-            leaf.streak, leaf.hot = 0, ""
+            leaf.streak, leaf.hot = 0, frozenset()
             if leaf.finding is None:
                 return []
             leaf.quiet += 1
@@ -219,8 +220,9 @@ class EcmpImbalanceDetector(PerTick):
                                "summary": f"resolved: {f.summary}; balanced for {RESOLVE_WINDOWS} windows"})]
         leaf.quiet = 0
         hottest = leaf.ids[int(leaf.uplinks[idx[int(np.argmax(util[idx]))]])]
-        leaf.streak = leaf.streak + 1 if hottest == leaf.hot else 1
-        leaf.hot = hottest
+        leaf.streak = leaf.streak + 1 if hottest in leaf.hot else 1
+        m = float(np.mean(util[idx]))
+        leaf.hot = frozenset(leaf.ids[int(leaf.uplinks[i])] for i in idx if util[i] >= HOT_OVER_MEAN * m)
         if leaf.finding is not None or leaf.streak < OPEN_WINDOWS:
             return []
         leaf.finding = self._open(view, leaf, idx, util)
@@ -259,7 +261,7 @@ class EcmpImbalanceDetector(PerTick):
                       Evidence("mean_utilisation", round(m, 4), MIN_MEAN_UTILISATION, "ratio",
                                f"mean of the up uplinks over the last {self.window_s:g} s window"),
                       Evidence("windows_imbalanced", float(leaf.streak), OPEN_WINDOWS, "windows",
-                               f"{self.window_s:g} s windows in a row with {leaf.hot} hottest"),
+                               f"{self.window_s:g} s windows in a row, the hottest uplink hot in the one before"),
                       *[Evidence(f"utilisation:{p}", round(x, 4), m, "ratio",
                                  f"{'hot' if x > m else 'cold'} uplink to {spines[p].switch if spines[p] else '?'}")
                         for p, x in hot + cold]],
