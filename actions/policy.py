@@ -20,7 +20,7 @@ Alerts are not actions on the cluster: they are sent in both modes.
 ...     parse_policy("rules: [{name: x, match: {kind: pfc}, actions: [alert]}]")
 ... except PolicyError as err:
 ...     print(err)
-rules[0].match.kind: unknown anomaly kind 'pfc'; known: gpu_ecc_uncorrectable, gpu_xid, hang, link_down, link_downgrade, link_flap, pcie_downgrade, pfc_storm, straggler, unknown_anomaly
+rules[0].match.kind: unknown anomaly kind 'pfc'; known: ecmp_imbalance, gpu_ecc_uncorrectable, gpu_xid, hang, ..., pfc_storm, straggler, unknown_anomaly
 """
 from __future__ import annotations
 

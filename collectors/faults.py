@@ -577,13 +577,16 @@ class EcmpPolarization:
     Recorded with ``expect_alert=False`` when shorter than ``min_alert_s`` or when the leaf
     sends nothing to the spines (an idle leaf: no flows to polarize). The simulator must
     spread flows over the spines (``ClusterSimulator(ecmp_spread=True)``) for the healthy
-    picture to be balanced; the fault implies it.
+    picture to be balanced; the fault implies it. ``rotate_s`` > 0: the hot set moves to the
+    next uplinks every ``rotate_s`` (flowlets or adaptive routing moving the big flows: ECMP
+    jitter, recorded with ``expect_alert=False``).
     """
     switch: str
     hot_uplinks: tuple[str, ...]
     onset_s: float
     offset_s: float = INF
     min_alert_s: float = ECMP_MIN_ALERT_S
+    rotate_s: float = 0.0
     kind = "ecmp_imbalance"
 
     def __post_init__(self) -> None:

@@ -846,7 +846,7 @@ class ClusterSimulator:
             elif isinstance(f, PfcStorm):
                 self._resolve_storm(f, fs, t0, t1, dt, rng)
             elif isinstance(f, (EcmpPolarization, PfcDeadlock)):
-                self._resolve_fabric_fault(f, fs, frac, on_now, rng)
+                self._resolve_fabric_fault(f, fs, frac, on_now, rng, t1)
             elif isinstance(f, SwitchPfcStorm):
                 if frac > 0:
                     sp = self._sp_key[(f.switch, f.port)]
@@ -1827,13 +1827,15 @@ class ClusterSimulator:
             if sp is None or self._sp_peer_sp[sp] < 0:
                 raise ValueError(f"{name}: not a switch-to-switch port {sw}:{port}")
 
-    def _resolve_fabric_fault(self, f, fs: _FaultState, frac: float, on_now: bool, rng) -> None:
+    def _resolve_fabric_fault(self, f, fs: _FaultState, frac: float, on_now: bool, rng, t1: float) -> None:
         if isinstance(f, EcmpPolarization):
             if frac > 0 or on_now:
                 s = self._switches.index(f.switch)
                 row = self._lu[self._leaf_row[s]]
-                fs.polarized[self._leaf_row[s]] = [c for c, i in enumerate(row) if i >= 0
-                                                   and self._sp_name[i] in f.hot_uplinks]
+                cols = [c for c, i in enumerate(row) if i >= 0]
+                hot = [k for k, c in enumerate(cols) if self._sp_name[row[c]] in f.hot_uplinks]
+                shift = int((t1 - f.onset_s) // f.rotate_s) if f.rotate_s > 0 else 0
+                fs.polarized[self._leaf_row[s]] = [cols[(k + shift) % len(cols)] for k in hot]
             return
         if frac <= 0:
             return
@@ -1886,8 +1888,8 @@ class ClusterSimulator:
             sends = bool(np.any(self._f_la == self._leaf_row[s]))
             return GroundTruth(f.kind, f.switch, self._ns(f.onset_s), self._ns(f.offset_s),
                                related=tuple(port_path(f.switch, p) for p in f.hot_uplinks),
-                               expect_alert=f.duration_s >= f.min_alert_s and sends,
-                               detail={"hot_uplinks": list(f.hot_uplinks), "leaf_sends": sends})
+                               expect_alert=f.duration_s >= f.min_alert_s and sends and not f.rotate_s > 0,
+                               detail={"hot_uplinks": list(f.hot_uplinks), "leaf_sends": sends, "rotate_s": f.rotate_s})
         ports = tuple(port_path(sw, p) for sw, p in f.ports)
         holders = []
         for sw, p in f.ports:
