@@ -137,3 +137,34 @@ def test_simulated_deadlock_is_found_and_a_transient_cycle_and_a_storm_are_not()
     assert [t.entity for t in deadlock_tps] == ["leaf-u0-r0/Ethernet4"]
     assert deadlock_tps[0].delay_ns / 1e9 <= DEADLOCK_HOLD_MS / 1e3 + 1.5
     assert [f for f in m.fps if f.cls == "pfc_deadlock"] == [] and m.fns == []
+
+
+def test_through_the_worker_handlers_and_the_wire_codec_over_three_telemetry_partitions():
+    """Stage 1 on three telemetry partitions (`StageHandlers`), the pause-states records as JSON, the storm
+    stage that reads the cluster's pause-states partition: the loop is found once, on the partitions' watermark."""
+    from fabricwatch.collectors.simulator import ClusterSimulator
+    from fabricwatch.streams.codec import pause_change_from_json
+    from fabricwatch.streams.config import DetectionConfig
+    from fabricwatch.streams.decode import pack
+    from fabricwatch.streams.facts import FactBook
+    from fabricwatch.streams.handlers import PAUSE_STATES, StageHandlers
+    from fabricwatch.streams.source_stage import SourceStage
+
+    topo = rail_optimised("sim", n_nodes=8, nodes_per_unit=4, n_spines=4)
+    handlers, facts = StageHandlers(1, 2), FactBook(topo)
+    stages = [SourceStage(DetectionConfig(), topo, facts, "t", p, 3) for p in range(3)]
+    storm = StormStage(DetectionConfig(), topo, facts)   # the one reading pause-states partition 0
+    sim = ClusterSimulator(topo, seed=9, interval_s=0.1, rank_steps=False,
+                           faults=[PfcDeadlock(LOOP, onset_s=1.0, offset_s=4.0)])
+    found = []
+    for tick in sim.run(6.0):
+        items = [(pack([s]).SerializeToString(), stages[p], p, None)
+                 for s in sorted(tick, key=lambda s: s.source) for p in [sum(s.source.encode()) % 3]]
+        for r in handlers.on_telemetry_many(items):
+            if r.topic == PAUSE_STATES and r.partition in (None, 0):     # keyed by cluster, or progress to 0
+                found += storm.locate(pause_change_from_json(r.value))
+    got = [(f.kind, f.state, f.entity.path()) for f in found if f.kind == "pfc_deadlock"]
+    assert got == [("pfc_deadlock", OPEN, "sim/leaf-u0-r0/Ethernet4"), ("pfc_deadlock", RESOLVED, "sim/leaf-u0-r0/Ethernet4")]
+    opened = next(f for f in found if f.kind == "pfc_deadlock")
+    assert 1.0 + DEADLOCK_HOLD_MS / 1e3 <= (opened.detected_ns - sim.start_unix_ns) / 1e9 <= 1.0 + DEADLOCK_HOLD_MS / 1e3 + 0.6
+    assert not [f for f in found if f.kind == "pfc_storm"]      # every switch congested, no source: no storm
