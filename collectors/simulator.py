@@ -1885,7 +1885,7 @@ class ClusterSimulator:
     def _fabric_fault_truth(self, f) -> GroundTruth:
         if isinstance(f, EcmpPolarization):
             s = self._switches.index(f.switch)
-            sends = bool(np.any(self._f_la == self._leaf_row[s]))
+            sends = bool(np.any((self._f_la == self._leaf_row[s]) & (self._routes_base >= 0)))   # to a spine
             return GroundTruth(f.kind, f.switch, self._ns(f.onset_s), self._ns(f.offset_s),
                                related=tuple(port_path(f.switch, p) for p in f.hot_uplinks),
                                expect_alert=f.duration_s >= f.min_alert_s and sends and not f.rotate_s > 0,

@@ -22,10 +22,10 @@ the uplinks of a leaf are its ports whose cable peer (topology) is a spine. Rule
   utilisation is at least ``MIN_MEAN_UTILISATION`` (an idle leaf's ratios are noise);
 * it is *imbalanced* when the hottest uplink carries at least ``MAX_OVER_MEAN`` x the mean
   and at least ``MIN_SPREAD_UTILISATION`` of line rate more than the coldest;
-* ``ecmp_imbalance`` opens after ``OPEN_WINDOWS`` imbalanced windows in a row, **each
-  window's hottest uplink among the previous window's hot ones** (``HOT_OVER_MEAN``):
-  polarization is static; ECMP jitter from flows that come and go, flowlets or adaptive
-  routing moves the hot spot from window to window. It resolves
+* ``ecmp_imbalance`` opens after ``OPEN_WINDOWS`` imbalanced windows in a row **with at
+  least one uplink hot** (``HOT_OVER_MEAN``) **in every one of them**: polarization is
+  static; ECMP jitter from flows that come and go, flowlets or adaptive routing moves the hot
+  spot, and a spot that moves on within about two windows is never hot three times. It resolves
   after ``RESOLVE_WINDOWS`` windows in a row that are not imbalanced.
 
 Evidence: max/mean and the coefficient of variation across the uplinks, the hot and the cold
@@ -110,7 +110,7 @@ class _Leaf:
     window_start_ns: int
     last_ns: int
     streak: int = 0
-    hot: frozenset = frozenset()        # last window's hot uplinks
+    hot: frozenset = frozenset()        # the uplinks hot in every window of the streak
     quiet: int = 0
     finding: Finding | None = None
 
@@ -219,10 +219,12 @@ class EcmpImbalanceDetector(PerTick):
                                "evidence": list(f.evidence), "related": list(f.related),
                                "summary": f"resolved: {f.summary}; balanced for {RESOLVE_WINDOWS} windows"})]
         leaf.quiet = 0
-        hottest = leaf.ids[int(leaf.uplinks[idx[int(np.argmax(util[idx]))]])]
-        leaf.streak = leaf.streak + 1 if hottest in leaf.hot else 1
         m = float(np.mean(util[idx]))
-        leaf.hot = frozenset(leaf.ids[int(leaf.uplinks[i])] for i in idx if util[i] >= HOT_OVER_MEAN * m)
+        hot = frozenset(leaf.ids[int(leaf.uplinks[i])] for i in idx if util[i] >= HOT_OVER_MEAN * m)
+        if hot & leaf.hot:               # some uplink hot in every window of the streak
+            leaf.streak, leaf.hot = leaf.streak + 1, hot & leaf.hot
+        else:
+            leaf.streak, leaf.hot = 1, hot
         if leaf.finding is not None or leaf.streak < OPEN_WINDOWS:
             return []
         leaf.finding = self._open(view, leaf, idx, util)
@@ -261,7 +263,7 @@ class EcmpImbalanceDetector(PerTick):
                       Evidence("mean_utilisation", round(m, 4), MIN_MEAN_UTILISATION, "ratio",
                                f"mean of the up uplinks over the last {self.window_s:g} s window"),
                       Evidence("windows_imbalanced", float(leaf.streak), OPEN_WINDOWS, "windows",
-                               f"{self.window_s:g} s windows in a row, the hottest uplink hot in the one before"),
+                               f"{self.window_s:g} s windows in a row with {', '.join(sorted(leaf.hot))} hot in each"),
                       *[Evidence(f"utilisation:{p}", round(x, 4), m, "ratio",
                                  f"{'hot' if x > m else 'cold'} uplink to {spines[p].switch if spines[p] else '?'}")
                         for p, x in hot + cold]],

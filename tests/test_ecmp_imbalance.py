@@ -58,13 +58,18 @@ def test_a_busy_balanced_leaf_with_jitter_stays_silent():
     assert run(det, lambda t: (150 * rng.lognormal(0, 0.4, 4),), 600) == []
 
 
-def test_a_hot_spot_that_moves_from_window_to_window_is_jitter():
+@pytest.mark.parametrize("offset_s", [0, 4])
+def test_a_hot_spot_that_moves_from_window_to_window_is_jitter(offset_s):
+    """Moving on every window; offset, each window straddles two hot uplinks (both read hot)."""
     det = EcmpImbalanceDetector(TOPO)
     def moving(t):
         rates = [30.0] * 4
-        rates[(t // int(WINDOW_S)) % 4] = 250.0        # flows come and go, adaptive routing moves them
+        rates[((t + offset_s) // int(WINDOW_S)) % 4] = 250.0   # flows come and go, adaptive routing moves them
         return (rates,)
     assert run(det, moving, 300) == []
+    # ... while a spot that stays on one uplink for three windows is polarization
+    det = EcmpImbalanceDetector(TOPO)
+    assert len(run(det, lambda t: ([250.0 if k == (t // 35) % 4 else 30.0 for k in range(4)],), 300)) >= 1
 
 
 def test_an_idle_leaf_whose_ratios_are_noise_stays_silent():

@@ -38,7 +38,7 @@ Suites (``suite`` field):
   its leaf, a leaf port pausing an idle node: sonic-mgmt ``test_pfcwd_no_traffic``), admin port
   toggles (leaf port facing a NIC, leaf uplink), a node reboot, clock skew, application XIDs of
   buggy user code (0.1 s or 1 s sampling as fits).
-* ``ecmp_imbalance`` (1 s, 8 nodes in two units of 4, 4 spines, leaves spreading their spine
+* ``ecmp_imbalance`` (1 s, 12 nodes in three units of 4, 4 spines, leaves spreading their spine
   traffic evenly with per-tick jitter): two polarized leaves per scenario (one or two hot
   uplinks of four); labelled negatives in the same runs: a polarization shorter than the
   detector's persistence, a hot spot that moves every 10 s (flowlets / adaptive routing), an
@@ -452,7 +452,10 @@ def _link_down(i: int, seed: int, n_nodes: int = 8, duration_s: float = 150.0) -
 
 # --------------------------------------------------------------------------- ECMP imbalance
 
-ECMP_NODES, ECMP_UNIT, ECMP_SPINES = 8, 4, 4   # two units: rails cross the spines between them
+# Three units of four nodes: rails of jobs across units cross the spines; a unit whose jobs stay
+# home has leaves that send nothing upward (the idle-leaf negative).
+ECMP_NODES, ECMP_UNIT, ECMP_SPINES = 12, 4, 4
+DEADLOCK_NODES = 8                              # two units: a down-up loop through both
 # The short negative: one 10 s window and a bit. A window polarized for a fraction x of its time
 # reads imbalanced once x >= 1/6 (one hot uplink of four: x + (1 - x) / 4 >= 1.5 / 4), so 12 s
 # shows at most two imbalanced windows in a row, below the detector's three.
@@ -526,7 +529,7 @@ def _leaf_spine_loop(unit: int, rail: int, spine: int) -> tuple[tuple[str, str],
 
 def _deadlock(i: int, seed: int, duration_s: float = 30.0) -> Scenario:
     """Two pause loops on distinct rails and spines; a transient loop; a storm every other one."""
-    topo = _topology(ECMP_NODES, ECMP_UNIT, ECMP_SPINES)
+    topo = _topology(DEADLOCK_NODES, ECMP_UNIT, ECMP_SPINES)
     jobs, busy, _ = _jobs(topo, seed)
     rng = np.random.default_rng([seed, 0xDE])
     rails = [int(r) for r in rng.permutation(GPUS)[:4]]
@@ -545,7 +548,7 @@ def _deadlock(i: int, seed: int, duration_s: float = 30.0) -> Scenario:
         node = busy[int(rng.integers(len(busy)))]
         t4 = _frac(rng, 4.0, 20.0, 0.1)
         faults.append(PfcStorm(((node, _nic(rails[3])),), onset_s=t4, offset_s=round(t4 + float(rng.uniform(2.0, 5.0)), 3)))
-    return Scenario(f"deadlock-{i:02d}", "pfc_deadlock", seed, ECMP_NODES, 0.1, duration_s, tuple(faults),
+    return Scenario(f"deadlock-{i:02d}", "pfc_deadlock", seed, DEADLOCK_NODES, 0.1, duration_s, tuple(faults),
                     nodes_per_unit=ECMP_UNIT, n_spines=ECMP_SPINES, switch_tx_pause_duration=bool(i % 3 == 1),
                     note="a down-up loop and a leaf-spine loop; a transient loop" + (", a storm" if i % 2 == 0 else "")
                     + (" (TX pause duration exported)" if i % 3 == 1 else ""))
@@ -753,6 +756,9 @@ def _describe(f) -> str:
         extra = " xon-only" if f.xon_only else ""
         extra += f" nic-wd {f.nic_watchdog_ms:g} ms" if f.nic_watchdog_ms else ""
         return f"{name}[{src}] {f.onset_s:g}-{f.offset_s:g} s{extra}"
+    if isinstance(f, PfcDeadlock):
+        loop = " > ".join(f"{sw}/{p}" for sw, p in f.ports)
+        return f"{name}[{loop}] {f.onset_s:g}-{f.offset_s:g} s"
     who = getattr(f, "node", None) or getattr(f, "switch", "")
     dev = getattr(f, "nic", None) or getattr(f, "port", None)
     if dev is None and hasattr(f, "gpu"):
@@ -772,5 +778,7 @@ def _describe(f) -> str:
             " crash" if f.crash else "")
     elif isinstance(f, Straggler):
         extra = f" x{f.factor:g} {f.cause}"
+    elif isinstance(f, EcmpPolarization):
+        extra = " hot " + ",".join(f.hot_uplinks) + (f" moving every {f.rotate_s:g} s" if f.rotate_s else "")
     return f"{name}[{who}/{dev}]{extra} {when}" if dev else f"{name}[{who}]{extra} {when}"
 
