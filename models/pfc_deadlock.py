@@ -90,23 +90,27 @@ class PfcDeadlockDetector:
 
     # -- input ----------------------------------------------------------------------------------
     def update(self, change: PauseStateChange) -> list[Finding]:
-        """One watchdog change (event-time order); findings of cycles it closes, breaks or ages."""
-        self._now_ns = max(self._now_ns, change.at_ns)
+        """One watchdog change (event-time order); findings of cycles it closes, breaks or ages.
+
+        The clock moves to the change first: a cycle that has held for ``hold_ms`` by then opens
+        before the change can break it (a backlog read at once delivers the change that breaks a
+        loop with no other record in between)."""
+        out = self.advance(change.at_ns)
         ref = change.entity
         if not ref.switch or not ref.port or change.role not in (PAUSED, PAUSING):
-            return self.advance(self._now_ns)         # a NIC's change: no part of a switch loop
+            return out                                # a NIC's change: no part of a switch loop
         peer = self.topology.peer_of(ref.switch, ref.port)
         if peer is None or not peer.switch:
             if peer is None:
                 self.stats["unknown_port"] = self.stats.get("unknown_port", 0) + 1
-            return self.advance(self._now_ns)
+            return out
         table = self._paused if change.role == PAUSED else self._pausing
         ports = table.setdefault(change.priority, set())
         if change.active:
             ports.add((ref.switch, ref.port))
         else:
             ports.discard((ref.switch, ref.port))
-        return self._judge(change.priority)
+        return out + self._judge(change.priority)
 
     def advance(self, now_ns: int) -> list[Finding]:
         """The event-time clock moved (the stage's watermark): open cycles that have held long enough."""

@@ -52,6 +52,14 @@ def test_a_loop_opens_after_the_hold_names_switches_and_ports_and_resolves_when_
     assert det.open_findings() == []
 
 
+def test_a_loop_broken_by_the_next_record_after_the_hold_opens_first_then_resolves():
+    """A backlog read at once: nothing moves the clock between the loop closing and the change that breaks it."""
+    det = PfcDeadlockDetector(TOPO, cluster="c1")
+    out = feed(det, [held(sw, p, 0) for sw, p in LOOP] + [held(*LOOP[1], 3 * DEADLOCK_HOLD_MS, active=False)])
+    assert [f.state for f in out] == [OPEN, RESOLVED]
+    assert out[0].onset_ns == 0 and out[1].detected_ns == 3 * DEADLOCK_HOLD_MS * MS
+
+
 def test_a_cycle_shorter_than_the_hold_stays_silent():
     det = PfcDeadlockDetector(TOPO, cluster="c1")
     out = feed(det, [held(sw, p, 0) for sw, p in LOOP], until_ms=DEADLOCK_HOLD_MS // 2)
