@@ -561,9 +561,71 @@ class NicAdminDown:
         return self.onset_s + self.down_s
 
 
+# An ECMP imbalance must last this long to be expected to alert: three 10 s windows in a row
+# (the detector's persistence) plus one window of alignment.
+ECMP_MIN_ALERT_S = 45.0
+# A pause cycle must last this long to be expected to alert: the deadlock hold (1 s, five SONiC
+# pfcwd detection times) plus the watchdogs' own detection (200 ms) and a sample of slack.
+DEADLOCK_MIN_ALERT_S = 1.5
+
+
+@dataclass(frozen=True)
+class EcmpPolarization:
+    """A leaf whose ECMP hash sends its spine-bound flows over ``hot_uplinks`` only (hash
+    polarization: the hash ignores the RoCE UDP source port, or shares its seed with the tier
+    before). The other uplinks carry next to nothing; traffic totals are unchanged.
+    Recorded with ``expect_alert=False`` when shorter than ``min_alert_s`` or when the leaf
+    sends nothing to the spines (an idle leaf: no flows to polarize). The simulator must
+    spread flows over the spines (``ClusterSimulator(ecmp_spread=True)``) for the healthy
+    picture to be balanced; the fault implies it. ``rotate_s`` > 0: the hot set moves to the
+    next uplinks every ``rotate_s`` (flowlets or adaptive routing moving the big flows: ECMP
+    jitter, recorded with ``expect_alert=False``).
+    """
+    switch: str
+    hot_uplinks: tuple[str, ...]
+    onset_s: float
+    offset_s: float = INF
+    min_alert_s: float = ECMP_MIN_ALERT_S
+    rotate_s: float = 0.0
+    kind = "ecmp_imbalance"
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.offset_s)
+        if not self.hot_uplinks:
+            raise ValueError("hot_uplinks must name at least one uplink")
+
+    @property
+    def duration_s(self) -> float:
+        return self.offset_s - self.onset_s
+
+
+@dataclass(frozen=True)
+class PfcDeadlock:
+    """A cycle of switch ports that pause each other on priority 3 (a PFC deadlock).
+
+    ``ports``: the held switch-to-switch ports, in cycle order (each is paused by its cable
+    peer, and the peer's switch holds the next one): while on, each reads
+    ``pfc3-rx-pause-duration-us`` at ~100 % with its egress queue full, its peer's
+    ``pfc3-tx-pkts`` (and TX pause duration where exported) rise. Ends all at once at
+    ``offset_s`` (a watchdog drops, a link flaps). Recorded with ``expect_alert=False`` when
+    shorter than ``min_alert_s`` (a transient cycle).
+    """
+    ports: tuple[tuple[str, str], ...]
+    onset_s: float
+    offset_s: float = INF
+    min_alert_s: float = DEADLOCK_MIN_ALERT_S
+    kind = "pfc_deadlock"
+
+    def __post_init__(self) -> None:
+        switches = {sw for sw, _ in self.ports}
+        if len(switches) < 2:
+            raise ValueError(f"a deadlock cycle spans at least two switches, got {sorted(switches)}")
+        _check_times(self.onset_s, self.offset_s)
+
+
 Fault = Union[LinkDowngrade, NicPcieDowngrade, GpuPcieDowngrade, LinkFlap, AdminToggle, PfcStorm,
               Straggler, GpuXid, EccUncorrectable, NodeReboot, ClockSkew, XidCascade, ApplicationXid,
-              SwitchPfcStorm, PinnedCounter, LinkDown, SwitchLinkDown, NicAdminDown]
+              SwitchPfcStorm, PinnedCounter, LinkDown, SwitchLinkDown, NicAdminDown, EcmpPolarization, PfcDeadlock]
 
 
 @dataclass(frozen=True)

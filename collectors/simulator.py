@@ -58,6 +58,7 @@ from fabricwatch.collectors.faults import (
     LinkDown, NicAdminDown, SwitchLinkDown,
 )
 from fabricwatch.collectors.faults import ApplicationXid, PinnedCounter, SwitchPfcStorm, XidCascade
+from fabricwatch.collectors.faults import EcmpPolarization, PfcDeadlock
 from fabricwatch.counters import GPU_GAUGES, NIC_GAUGES, SWITCH_GAUGES, Overflow, spec_for
 from fabricwatch.models.linkrate import parse_ib_rate
 from fabricwatch.models.topology import Topology, rail_optimised
@@ -298,6 +299,11 @@ def _overlap(a: float, b: float, t0: float, t1: float) -> float:
     return max(0.0, min(b, t1) - max(a, t0))
 
 
+# Per (leaf, spine) and tick, the spread traffic's share varies by this lognormal sigma
+# (ecmp_spread): flows start and stop, bursts land unevenly; a working hash over many QPs.
+ECMP_JITTER_SIGMA = 0.25
+
+
 class _Counters:
     """A (rows, columns) uint64 matrix of raw totals honouring each column's width/overflow."""
 
@@ -368,6 +374,7 @@ class _FaultState:
     sp_down_now: np.ndarray | None = None          # switch port oper down (not admin) at sample time
     nic_admin_down: np.ndarray | None = None       # NIC shut on its host: netdev speed unreadable
     fec_unc_rate: np.ndarray | None = None         # extra post-FEC symbol errors per second (failing link)
+    polarized: dict = field(default_factory=dict)  # leaf row -> spine columns its hash uses (EcmpPolarization)
 
 
 # --------------------------------------------------------------------------- simulator
@@ -390,12 +397,15 @@ class ClusterSimulator:
         interval): PFC-only node ticks between full ones. None: every block every tick.
     switch_tx_pause_duration : the switches export ``pfc3-tx-pause-duration-us`` (SONiC's
         SAI ``PFC_3_TX_PAUSE_DURATION_US``); off: only frame counts, as EOS and Cumulus.
+    ecmp_spread : each leaf spreads its spine-bound traffic evenly over the spines, with a
+        few per cent of jitter per uplink and tick (a working hash over many QPs); off: each
+        flow takes the one spine of a static (src, dst) hash. An `EcmpPolarization` implies it.
     """
 
     def __init__(self, topology: Topology, *, seed: int = 0, start_unix_ns: int = DEFAULT_START_UNIX_NS,
                  jobs: list[Job] | None = None, faults=(), interval_s: float = 1.0,
                  rank_steps: bool = True, cadence: Cadence | None = None,
-                 switch_tx_pause_duration: bool = False) -> None:
+                 switch_tx_pause_duration: bool = False, ecmp_spread: bool = False) -> None:
         if cadence is not None:
             interval_s = cadence.pfc_interval_s
         self.cadence = cadence
@@ -408,6 +418,9 @@ class ClusterSimulator:
         self.rank_steps = rank_steps
         self.switch_tx_pause_duration = switch_tx_pause_duration
         self.jobs = list(jobs) if jobs is not None else auto_jobs(topology, seed)
+        faults = list(faults)
+        self.ecmp_spread = ecmp_spread or any(isinstance(f, EcmpPolarization) for f in faults)
+        self._ecmp_rng = np.random.default_rng([seed, 0xEC3F])   # its own stream: the others stay as they were
         self._rng = np.random.default_rng([seed, 0x5EED])
         self._t = 0.0
         self._ticks = 0
@@ -683,6 +696,8 @@ class ClusterSimulator:
             elif isinstance(f, PfcStorm):
                 for node, nic in f.sources:
                     self._nic_index(node, nic, "PfcStorm")
+            elif isinstance(f, (EcmpPolarization, PfcDeadlock)):
+                self._check_fabric_fault(f)
             elif isinstance(f, SwitchPfcStorm):
                 if (f.switch, f.port) not in self._sp_key:
                     raise ValueError(f"SwitchPfcStorm: unknown switch port {f.switch}:{f.port}")
@@ -830,6 +845,8 @@ class ClusterSimulator:
                         fs.down_phys[q] = "2: Polling"
             elif isinstance(f, PfcStorm):
                 self._resolve_storm(f, fs, t0, t1, dt, rng)
+            elif isinstance(f, (EcmpPolarization, PfcDeadlock)):
+                self._resolve_fabric_fault(f, fs, frac, on_now, rng, t1)
             elif isinstance(f, SwitchPfcStorm):
                 if frac > 0:
                     sp = self._sp_key[(f.switch, f.port)]
@@ -1330,7 +1347,9 @@ class ClusterSimulator:
             rx = np.bincount(dst, fb, P) + np.bincount(src, ab, P)
             tx_pk = np.bincount(src, fpk, P) + np.bincount(dst, apk, P)
             rx_pk = np.bincount(dst, fpk, P) + np.bincount(src, apk, P)
-            if np.any(rem):
+            if np.any(rem) and self.ecmp_spread:
+                self._spread_uplink_traffic(fs, rem, fb, fpk, ab, apk, sw_in, sw_out, sw_in_p, sw_out_p)
+            elif np.any(rem):
                 us, sa, sb, ud = (self._f_up_src[rem], self._f_sp_a[rem], self._f_sp_b[rem], self._f_up_dst[rem])
                 b_, pk_ = fb[rem], fpk[rem]
                 ab_, apk_ = ab[rem], apk[rem]
@@ -1777,12 +1796,109 @@ class ClusterSimulator:
                 out.append(GroundTruth(f.kind, nic_path(f.node, f.nic), self._ns(f.onset_s), self._ns(f.offset_s),
                                        victims=(f"job/{self._jobs[j].job.job_id}",) if j >= 0 else (), related=(leaf,),
                                        expect_alert=isinstance(f, LinkDown), detail=detail))
+            elif isinstance(f, (EcmpPolarization, PfcDeadlock)):
+                out.append(self._fabric_fault_truth(f))
             elif isinstance(f, SwitchLinkDown):
                 peer = self._sp_peer_sp[self._sp_key[(f.switch, f.port)]]
                 far = port_path(self._switches[self._sp_switch[peer]], self._sp_name[peer])
                 out.append(GroundTruth(f.kind, port_path(f.switch, f.port), self._ns(f.onset_s), self._ns(f.offset_s),
                                        related=(far,)))
         return out
+
+
+    # ---------------------------------------------------------------- ECMP and deadlock faults
+
+    def _check_fabric_fault(self, f) -> None:
+        """Validate an `EcmpPolarization` (a leaf and some of its uplinks) or a `PfcDeadlock`
+        (switch-to-switch ports)."""
+        name = type(f).__name__
+        if isinstance(f, EcmpPolarization):
+            s = self._switches.index(f.switch) if f.switch in self._switches else -1
+            if s < 0 or s not in self._leaf_row:
+                raise ValueError(f"{name}: not a leaf {f.switch!r}")
+            row = self._lu[self._leaf_row[s]]
+            uplinks = {self._sp_name[i] for i in row if i >= 0}
+            for port in f.hot_uplinks:
+                if port not in uplinks:
+                    raise ValueError(f"{name}: {f.switch}:{port} is not an uplink")
+            return
+        for sw, port in f.ports:
+            sp = self._sp_key.get((sw, port))
+            if sp is None or self._sp_peer_sp[sp] < 0:
+                raise ValueError(f"{name}: not a switch-to-switch port {sw}:{port}")
+
+    def _resolve_fabric_fault(self, f, fs: _FaultState, frac: float, on_now: bool, rng, t1: float) -> None:
+        if isinstance(f, EcmpPolarization):
+            if frac > 0 or on_now:
+                s = self._switches.index(f.switch)
+                row = self._lu[self._leaf_row[s]]
+                cols = [c for c, i in enumerate(row) if i >= 0]
+                hot = [k for k, c in enumerate(cols) if self._sp_name[row[c]] in f.hot_uplinks]
+                shift = int((t1 - f.onset_s) // f.rotate_s) if f.rotate_s > 0 else 0
+                fs.polarized[self._leaf_row[s]] = [cols[(k + shift) % len(cols)] for k in hot]
+            return
+        if frac <= 0:
+            return
+        for sw, port in f.ports:        # held by its peer, its egress queue full behind the pause
+            sp = self._sp_key[(sw, port)]
+            fs.sw_duty[sp] = max(fs.sw_duty[sp], frac * rng.uniform(0.995, 1.0))
+            fs.sw_occ[sp] = max(fs.sw_occ[sp], frac * rng.uniform(3e6, 6e6))
+
+    def _spread_uplink_traffic(self, fs: _FaultState, rem: np.ndarray, fb, fpk, ab, apk,
+                               sw_in, sw_out, sw_in_p, sw_out_p) -> None:
+        """Switch-link traffic of the remote flows, each spread over every spine the two leaves
+        share and that is up (``ecmp_spread``), with a few per cent of jitter per (leaf, spine)
+        and tick; a polarized leaf sends its flows over its hot spines only."""
+        SP = self.SP
+        la, lb = self._f_la[rem], self._f_lb[rem]
+        n_sp = self._lu.shape[1]
+        up = fs.sp_up_frac >= 1.0
+        jitter = self._ecmp_rng.lognormal(0.0, ECMP_JITTER_SIGMA, self._lu.shape)
+        w = np.zeros((len(la), n_sp))
+        for c in range(n_sp):
+            a, b = self._lu[la, c], self._lu[lb, c]
+            ok = (a >= 0) & (b >= 0)
+            ok[ok] &= up[a[ok]] & up[b[ok]]
+            w[:, c] = np.where(ok, jitter[la, c], 0.0)
+        for row, hot in fs.polarized.items():
+            mask = np.zeros(n_sp, bool)
+            mask[hot] = True
+            sel = la == row
+            hot_w = np.where(mask[None, :], w[sel], 0.0)
+            keep = hot_w.sum(axis=1) > 0           # a flow with no hot spine in common keeps its spread
+            w[np.flatnonzero(sel)[keep]] = hot_w[keep]
+        w /= np.maximum(w.sum(axis=1, keepdims=True), 1e-12)
+        b_, pk_, ab_, apk_ = fb[rem], fpk[rem], ab[rem], apk[rem]
+        for c in range(n_sp):
+            wc = w[:, c]
+            on = wc > 0
+            if not on.any():
+                continue
+            us, ud = self._lu[la[on], c], self._lu[lb[on], c]
+            sa, sb = self._sd[la[on], c], self._sd[lb[on], c]
+            bb, pp, aa, ap = b_[on] * wc[on], pk_[on] * wc[on], ab_[on] * wc[on], apk_[on] * wc[on]
+            sw_out += np.bincount(us, bb, SP) + np.bincount(ud, aa, SP) + np.bincount(sb, bb, SP) + np.bincount(sa, aa, SP)
+            sw_in += np.bincount(sa, bb, SP) + np.bincount(sb, aa, SP) + np.bincount(ud, bb, SP) + np.bincount(us, aa, SP)
+            sw_out_p += np.bincount(us, pp, SP) + np.bincount(ud, ap, SP) + np.bincount(sb, pp, SP) + np.bincount(sa, ap, SP)
+            sw_in_p += np.bincount(sa, pp, SP) + np.bincount(sb, ap, SP) + np.bincount(ud, pp, SP) + np.bincount(us, ap, SP)
+
+    def _fabric_fault_truth(self, f) -> GroundTruth:
+        if isinstance(f, EcmpPolarization):
+            s = self._switches.index(f.switch)
+            sends = bool(np.any((self._f_la == self._leaf_row[s]) & (self._routes_base >= 0)))   # to a spine
+            return GroundTruth(f.kind, f.switch, self._ns(f.onset_s), self._ns(f.offset_s),
+                               related=tuple(port_path(f.switch, p) for p in f.hot_uplinks),
+                               expect_alert=f.duration_s >= f.min_alert_s and sends and not f.rotate_s > 0,
+                               detail={"hot_uplinks": list(f.hot_uplinks), "leaf_sends": sends, "rotate_s": f.rotate_s})
+        ports = tuple(port_path(sw, p) for sw, p in f.ports)
+        holders = []
+        for sw, p in f.ports:
+            j = self._sp_peer_sp[self._sp_key[(sw, p)]]
+            holders.append(port_path(self._switches[self._sp_switch[j]], self._sp_name[j]))
+        return GroundTruth(f.kind, ports[0], self._ns(f.onset_s), self._ns(f.offset_s),
+                           related=ports[1:] + tuple(holders), expect_alert=f.offset_s - f.onset_s >= f.min_alert_s,
+                           detail={"priority": 3, "switches": len({sw for sw, _ in f.ports}),
+                                   "duration_s": f.offset_s - f.onset_s})
 
 
 # --------------------------------------------------------------------------- demo

@@ -62,6 +62,11 @@ SLOWDOWN_PRIOR = {
     "gpu_ecc_uncorrectable": 0.1,
     # something unlike the baseline, unexplained: a small cost until measured
     "unknown_anomaly": 0.1,
+    # a polarized leaf: the flows on its hot uplinks share one link (typically 2x their fair share)
+    "ecmp_imbalance": 0.25,
+    # a deadlocked loop moves nothing on the lossless priority: the jobs across it stall while it
+    # lasts (no redo counted: broken within seconds, by a watchdog or an operator, they go on)
+    "pfc_deadlock": 1.0,
 }
 # Kinds that, at critical severity, stall the whole job (the collective cannot complete).
 STALLING_KINDS = frozenset({"link_down", "gpu_xid", "gpu_ecc_uncorrectable", "hang"})

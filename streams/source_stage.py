@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fabricwatch import metrics
+from fabricwatch.models.ecmp_imbalance import EcmpImbalanceDetector
 from fabricwatch.models.fec import FecMemory
 from fabricwatch.models.findings import Finding
 from fabricwatch.models.frames import LayoutGroup, SourceBatch, layout_groups
@@ -104,7 +105,7 @@ class SourceStage:
                                                nominal=facts.nominal, fec=fec)
         self.gpu_faults = GpuFaultDetector()
         self.detectors = [self.downgrade, LinkFlapDetector(topology, fec=fec), LinkDownDetector(topology, fec=fec),
-                          self.gpu_faults, UnknownAnomalyDetector()]
+                          self.gpu_faults, UnknownAnomalyDetector(), EcmpImbalanceDetector(topology)]
         self.watchdog = PfcWatchdog(config.pfc_detection_time_ms, config.pfc_restoration_time_ms)
         self.health = HealthTracker(topology=topology, nominal=facts.nominal)
         self.accounting = Accounting("telemetry", config.max_sample_age_s)

@@ -30,6 +30,7 @@ from collections import Counter
 
 from fabricwatch.models.findings import Finding
 from fabricwatch.models.pfc_storm import PauseStateChange
+from fabricwatch.models.pfc_deadlock import PfcDeadlockDetector
 from fabricwatch.models.storm_locator import SourceProgress, StormLocator
 from fabricwatch.models.topology import Topology
 from fabricwatch.models.watermark import LowWatermark
@@ -56,6 +57,8 @@ class StormStage:
         self.facts = facts
         self.accounting = Accounting("pause_states", config.max_sample_age_s)
         self._locators: dict[str, StormLocator] = {}
+        # next to each locator: the cluster's PFC deadlock model, fed the same changes in the same order
+        self._deadlocks: dict[str, PfcDeadlockDetector] = {}
         self._placements_version = -1
         self._newest_ns = 0
         self._partitions: LowWatermark | None = None      # from the first partition progress on
@@ -68,6 +71,7 @@ class StormStage:
         state.setdefault("_partitions", None)
         state.setdefault("_held", [])
         state.setdefault("_seq", 0)
+        state.setdefault("_deadlocks", {})
         state["stats"] = Counter(state.get("stats", {}))
         self.__dict__.update(state)
 
@@ -88,6 +92,13 @@ class StormStage:
                 each.set_jobs(self.facts.jobs_by_node)
         return loc
 
+    def _deadlock(self, cluster: str) -> PfcDeadlockDetector:
+        """The cluster's deadlock model (made with its locator; a state restored from before it had none)."""
+        dl = self._deadlocks.get(cluster)
+        if dl is None:
+            dl = self._deadlocks[cluster] = PfcDeadlockDetector(self.topology, cluster=cluster)
+        return dl
+
     def locate(self, record: PauseStateChange | SourceProgress, received_ns: int = 0) -> list[Finding]:
         """One record of stage 1 (a watchdog change, or a partition's progress)."""
         started = time.perf_counter()
@@ -99,6 +110,8 @@ class StormStage:
             self._newest_ns = max(self._newest_ns, max(record.through_ns_by_source.values(), default=0))
             loc = self._locator(cluster)
             found = early + (loc.progress(record) if loc is not None else [])
+            if loc is not None and record.through_ns_by_source:
+                found += self._deadlock(cluster).advance(min(record.through_ns_by_source.values()))
             return self.accounting.settle(self._assessed(found), cluster, received_ns, started)
         cluster = record.entity.cluster
         self._newest_ns = max(self._newest_ns, record.at_ns)
@@ -121,9 +134,10 @@ class StormStage:
         loc = self._locator(change.entity.cluster)
         if loc is None:
             return []
+        dl = self._deadlock(change.entity.cluster)
         if self._partitions is not None:            # the clock at the change, then the change
-            return loc.progress(self._told(change.entity.cluster, change.at_ns)) + loc.update(change)
-        return loc.update(change)
+            return loc.progress(self._told(change.entity.cluster, change.at_ns)) + loc.update(change) + dl.update(change)
+        return loc.update(change) + dl.update(change)
 
     def _release(self, through_ns: int) -> list[Finding]:
         """Apply the held changes up to ``through_ns``, in event-time order."""
@@ -149,7 +163,8 @@ class StormStage:
         if now == before and before:
             return []
         found = self._release(now)
-        return found + [f for cluster, loc in self._locators.items() for f in loc.progress(self._told(cluster, now))]
+        return (found + [f for cluster, loc in self._locators.items() for f in loc.progress(self._told(cluster, now))]
+                + [f for dl in self._deadlocks.values() for f in dl.advance(now)])
 
     @staticmethod
     def _told(cluster: str, at_ns: int) -> SourceProgress:
@@ -169,7 +184,10 @@ class StormStage:
         """
         started = time.perf_counter()
         at_ns = min(now_ns, self._newest_ns) if self._newest_ns else now_ns
-        found = self._assessed([f for loc in self._locators.values() for f in loc.poll(at_ns)])
+        found = [f for loc in self._locators.values() for f in loc.poll(at_ns)]
+        if self._partitions is None:                # on the watermark, only the partitions' progress moves time
+            found += [f for dl in self._deadlocks.values() for f in dl.advance(at_ns)]
+        found = self._assessed(found)
         self.accounting.account(found, started, stage="cluster_timer")
         return found
 

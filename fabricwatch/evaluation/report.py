@@ -27,11 +27,14 @@ import numpy as np
 from fabricwatch.collectors.faults import GroundTruth
 from fabricwatch.machine import cpu_model, usable_cpus
 from fabricwatch.models.impact import projected_gpu_hours
+from fabricwatch.models.ecmp_imbalance import OPEN_WINDOWS, WINDOW_S
 from fabricwatch.models.link_down import LINK_DOWN_HOLD_S
+from fabricwatch.models.pfc_deadlock import DEADLOCK_HOLD_MS
 from fabricwatch.models.rates import RateTracker
 from fabricwatch.streams.decode import to_view
 from fabricwatch.streams.events import to_event
 from fabricwatch.streams.pipeline import DetectionPipeline
+from fabricwatch.streams.replay import WINDOW_S as REPLAY_WINDOW_S
 from fabricwatch.streams.replay import replay
 
 from .baselines import HST_THRESHOLD, SCORE_BINS, HstBaseline, StaticRules, StaticRulesConfig
@@ -43,7 +46,8 @@ log = logging.getLogger("fabricwatch.eval")
 
 FABRICWATCH, STATIC, HST = "fabricwatch", "static rules", "river HST"
 DETECTORS = (FABRICWATCH, STATIC, HST)
-LABELLED_SUITES = ("fault_mix", "straggler", "pfc_storm", "must_not_fire", "link_down")
+LABELLED_SUITES = ("fault_mix", "straggler", "pfc_storm", "must_not_fire", "link_down", "ecmp_imbalance",
+                   "pfc_deadlock")
 CHUNK_S = 20.0                     # simulated seconds per replay call (bounds memory)
 STEP_TOLERANCE_NS = 10_000_000     # node clocks: +-5 ms
 
@@ -268,6 +272,10 @@ def _bound_s(cls: str, interval_s: float) -> float | None:
         return interval_s
     if cls == "link_down":
         return LINK_DOWN_HOLD_S + 2 * interval_s      # the hold, then a sample or two
+    if cls == "ecmp_imbalance":
+        return (OPEN_WINDOWS + 1) * WINDOW_S + interval_s   # the persistence, a window of alignment, a sample
+    if cls == "pfc_deadlock":                         # the watchdogs' detection, the hold, the watermark's step
+        return T_DETECT_S + DEADLOCK_HOLD_MS / 1e3 + REPLAY_WINDOW_S + interval_s
     return None
 
 
@@ -578,6 +586,15 @@ def _targets(scores: Scores) -> list[tuple[str, str, bool | str | None]]:
     n, k = len(s.within_bound), sum(s.within_bound)
     out.append((f"Link down flagged within its hold ({LINK_DOWN_HOLD_S:g} s) + two samples",
                 f"{k}/{n} detected within the bound" if n else "none detected", (k == n) if n else None))
+    for c, label, bound in (
+            ("ecmp_imbalance", "ECMP imbalance flagged within its persistence",
+             f"{OPEN_WINDOWS} x {WINDOW_S:g} s windows + one window + one sample"),
+            ("pfc_deadlock", "PFC deadlock flagged within its hold",
+             f"T_detect + {DEADLOCK_HOLD_MS / 1e3:g} s + one replay window ({REPLAY_WINDOW_S:g} s) + one sample")):
+        s = fw.get(c, ClassScore())
+        n, k = len(s.within_bound), sum(s.within_bound)
+        out.append((f"{label} ({bound})", f"{k}/{n} detected within the bound" if n else "none detected",
+                    (k == n) if n else None))
     s = fw.get("straggler", ClassScore())
     n, k = len(s.within_bound), sum(s.within_bound)
     worst = max(s.delay_steps) if s.delay_steps else None
@@ -679,7 +696,7 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
         add(f"| {name} | {value} | {_verdict(ok)} |")
     add("")
     add("Precision, recall and F1 are over the labelled suites (fault mix, stragglers, PFC storms, dead "
-        "links and the must-not-fire cases); false alarms per node-hour are over the healthy runs only. Numbers that fall "
+        "links, ECMP imbalance, PFC deadlocks and the must-not-fire cases); false alarms per node-hour are over the healthy runs only. Numbers that fall "
         "short are reported as they are.")
     add("")
     add("## Per fault class")
@@ -689,7 +706,9 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
         "during must-not-fire faults and storms named on a victim. Delay: p50 / p95 of "
         "`detected - onset` over the TPs (stragglers also in training steps). Within bound: TPs within the "
         "class's delay target (storms: T_detect + 100 ms, judged on the 0.1 s suites; downgrades: one sampling "
-        "interval; link down: its 30 s hold + 2 intervals; stragglers: 3 steps). Healthy FP: alarms of that "
+        "interval; link down: its 30 s hold + 2 intervals; ECMP imbalance: 3 windows of 10 s + one window + one "
+        "interval; PFC deadlock: T_detect + its 1 s hold + one replay window + one interval; stragglers: 3 steps). "
+        "Healthy FP: alarms of that "
         "class on the healthy runs (per 1000 node-hours).")
     add("")
     all_classes = list(FAULT_CLASSES) + sorted({c for d in detectors for c in scores.classes[d]} - set(FAULT_CLASSES))

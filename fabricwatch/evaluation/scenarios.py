@@ -38,6 +38,15 @@ Suites (``suite`` field):
   its leaf, a leaf port pausing an idle node: sonic-mgmt ``test_pfcwd_no_traffic``), admin port
   toggles (leaf port facing a NIC, leaf uplink), a node reboot, clock skew, application XIDs of
   buggy user code (0.1 s or 1 s sampling as fits).
+* ``ecmp_imbalance`` (1 s, 12 nodes in three units of 4, 4 spines, leaves spreading their spine
+  traffic evenly with per-tick jitter): two polarized leaves per scenario (one or two hot
+  uplinks of four); labelled negatives in the same runs: a polarization shorter than the
+  detector's persistence, a hot spot that moves every 10 s (flowlets / adaptive routing), an
+  operator shutting an uplink (90 s), and a polarized leaf that sends nothing to the spines.
+* ``pfc_deadlock`` (0.1 s, 8 nodes in two units, 4 spines): two pause loops per scenario (a
+  down-up loop through two leaves and two spines, a leaf-spine loop), for 3-10 s; labelled
+  negatives: a transient loop shorter than the hold, an ordinary storm from a stuck NIC (a
+  tree of pauses with a source), SONiC's TX pause duration exported or not.
 * ``healthy``: long noisy healthy runs for the false-alarm rate, sized in node-hours; one
   busy node in eight runs buggy code that throws application XIDs every 1-4 minutes.
 
@@ -68,6 +77,7 @@ from fabricwatch.collectors.faults import (
     LinkDown, NicAdminDown, SwitchLinkDown,
 )
 from fabricwatch.collectors.faults import ApplicationXid, PinnedCounter, SwitchPfcStorm, XidCascade
+from fabricwatch.collectors.faults import EcmpPolarization, PfcDeadlock
 from fabricwatch.collectors.simulator import DEFAULT_START_UNIX_NS, Cadence, ClusterSimulator, Job, auto_jobs
 from fabricwatch.models.topology import Topology, rail_optimised
 
@@ -88,9 +98,11 @@ _CLASS_OF_GT_KIND = {
     "gpu_xid": "gpu_xid",
     "ecc_uncorrectable": "gpu_ecc_uncorrectable",
     "link_down": "link_down",
+    "ecmp_imbalance": "ecmp_imbalance",
+    "pfc_deadlock": "pfc_deadlock",
 }
 FAULT_CLASSES = ("link_downgrade", "pcie_downgrade", "link_flap", "pfc_storm", "straggler", "gpu_xid",
-                 "gpu_ecc_uncorrectable", "link_down")
+                 "gpu_ecc_uncorrectable", "link_down", "ecmp_imbalance", "pfc_deadlock")
 
 DOWNGRADE_RATES = ("200 Gb/sec (4X HDR)", "100 Gb/sec (4X EDR)", "400 Gb/sec (8X HDR)", "200 Gb/sec (2X NDR)")
 # Hardware and firmware XIDs of NVIDIA's catalog (`fabricwatch.xid`): the gpu_xid cases.
@@ -128,6 +140,7 @@ class Scenario:
     # 0: every tick is a full snapshot, every `interval_s`. > 0: the collectors' cadence,
     # PFC-only ticks every `pfc_interval_s` between full snapshots every `interval_s`.
     pfc_interval_s: float = 0.0
+    ecmp_spread: bool = False   # leaves spread their spine traffic over every spine (`ClusterSimulator`)
 
     def topology(self) -> Topology:
         return _topology(self.n_nodes, self.nodes_per_unit or min(32, self.n_nodes), self.n_spines)
@@ -135,7 +148,8 @@ class Scenario:
     def simulator(self) -> ClusterSimulator:
         cadence = Cadence(self.pfc_interval_s, self.interval_s) if self.pfc_interval_s else None
         return ClusterSimulator(self.topology(), seed=self.seed, interval_s=self.tick_s, cadence=cadence,
-                                faults=list(self.faults), switch_tx_pause_duration=self.switch_tx_pause_duration)
+                                faults=list(self.faults), switch_tx_pause_duration=self.switch_tx_pause_duration,
+                                ecmp_spread=self.ecmp_spread)
 
     @property
     def tick_s(self) -> float:
@@ -174,6 +188,8 @@ class SuiteConfig:
     healthy_nodes: int = 32
     healthy_run_s: float = 300.0     # each healthy run; runs = ceil(node-hours / (nodes x run))
     healthy_fast_s: float = 60.0     # one healthy run at 0.1 s sampling (storm false alarms)
+    ecmp_scenarios: int = 12         # x 2 polarized leaves: 24 cases
+    deadlock_scenarios: int = 10     # x 2 pause loops: 20 cases
 
 
 @lru_cache(maxsize=64)
@@ -434,6 +450,110 @@ def _link_down(i: int, seed: int, n_nodes: int = 8, duration_s: float = 150.0) -
                     + "; an operator shuts a leaf port (90 s) and a host NIC (80 s)")
 
 
+# --------------------------------------------------------------------------- ECMP imbalance
+
+# Three units of four nodes: rails of jobs across units cross the spines; a unit whose jobs stay
+# home has leaves that send nothing upward (the idle-leaf negative).
+ECMP_NODES, ECMP_UNIT, ECMP_SPINES = 12, 4, 4
+DEADLOCK_NODES = 8                              # two units: a down-up loop through both
+# The short negative: one 10 s window and a bit. A window polarized for a fraction x of its time
+# reads imbalanced once x >= 1/6 (one hot uplink of four: x + (1 - x) / 4 >= 1.5 / 4), so 12 s
+# shows at most two imbalanced windows in a row, below the detector's three.
+ECMP_SHORT_S = 12.0
+
+
+def _sending_leaves(topo: Topology, jobs: list[Job]) -> tuple[list[str], list[str]]:
+    """Leaves that send to the spines (a job spans both units: its rings cross), and the others."""
+    unit = {n: i // ECMP_UNIT for i, n in enumerate(topo.nodes)}
+    units = {u for j in jobs if len({unit[n] for n in j.nodes}) > 1 for n in j.nodes for u in [unit[n]]}
+    leaves = [s for s, sw in topo.switches.items() if sw.role == "leaf"]
+    send = [lf for lf in leaves if int(lf.split("-")[1][1:]) in units]
+    return send, [lf for lf in leaves if lf not in send]
+
+
+def _uplinks(topo: Topology, leaf: str) -> list[str]:
+    return sorted((lk.a_port for lk in topo.links if lk.a_switch == leaf), key=lambda p: int(p[8:]))
+
+
+def _ecmp(i: int, seed: int, duration_s: float = 150.0) -> Scenario:
+    """Two polarized leaves; a negative by ``i``: short, moving, an uplink shut; an idle leaf's too."""
+    topo = _topology(ECMP_NODES, ECMP_UNIT, ECMP_SPINES)
+    k = 0
+    send, idle = _sending_leaves(topo, auto_jobs(topo, seed))
+    while len(send) < 3:                      # a placement with no job across the units: the next one
+        k += 1
+        send, idle = _sending_leaves(topo, auto_jobs(topo, seed + 1000 * k))
+    seed += 1000 * k
+    rng = np.random.default_rng([seed, 0xEC])
+    leaves = [send[j] for j in rng.permutation(len(send))[:3]]
+    faults: list[Fault] = []
+    for n, leaf in enumerate(leaves[:2]):
+        ups = _uplinks(topo, leaf)
+        hot = tuple(sorted(rng.choice(ups, 1 + (i + n) % 2, replace=False).tolist(), key=lambda p: int(p[8:])))
+        onset = _frac(rng, 15.0, 35.0, 1.0)
+        off = round(onset + float(rng.uniform(70.0, 100.0)), 3) if (i + n) % 2 else INF
+        faults.append(EcmpPolarization(leaf, hot, onset_s=onset, offset_s=off))
+    third, ups = leaves[2], _uplinks(topo, leaves[2])
+    variant = ("short", "moving", "uplink_shut")[i % 3]
+    t = _frac(rng, 20.0, 40.0, 1.0)
+    if variant == "short":
+        faults.append(EcmpPolarization(third, (ups[int(rng.integers(len(ups)))],), onset_s=t,
+                                       offset_s=round(t + ECMP_SHORT_S, 3)))
+    elif variant == "moving":
+        faults.append(EcmpPolarization(third, (ups[0],), onset_s=t, offset_s=round(t + 100.0, 3), rotate_s=10.0))
+    else:
+        faults.append(AdminToggle(third, ups[int(rng.integers(len(ups)))], onset_s=t, down_s=90.0))
+    if idle:
+        lf = idle[int(rng.integers(len(idle)))]
+        faults.append(EcmpPolarization(lf, (_uplinks(topo, lf)[0],), onset_s=_frac(rng, 15.0, 30.0, 1.0)))
+    return Scenario(f"ecmp-{i:02d}-{variant}", "ecmp_imbalance", seed, ECMP_NODES, 1.0, duration_s, tuple(faults),
+                    nodes_per_unit=ECMP_UNIT, n_spines=ECMP_SPINES, ecmp_spread=True,
+                    note=f"two polarized leaves; negatives: {variant.replace('_', ' ')}"
+                    + (", a polarized leaf that sends nothing" if idle else ""))
+
+
+# --------------------------------------------------------------------------- PFC deadlock
+
+
+def _down_up_loop(rail: int, a: int, b: int) -> tuple[tuple[str, str], ...]:
+    """leaf-u0-r -> spine-a -> leaf-u1-r -> spine-b -> leaf-u0-r: the held ports, in order."""
+    up = ECMP_UNIT
+    return ((f"leaf-u0-r{rail}", f"Ethernet{up + a}"), (f"spine-{a}", f"Ethernet{GPUS + rail}"),
+            (f"leaf-u1-r{rail}", f"Ethernet{up + b}"), (f"spine-{b}", f"Ethernet{rail}"))
+
+
+def _leaf_spine_loop(unit: int, rail: int, spine: int) -> tuple[tuple[str, str], ...]:
+    """A leaf and a spine holding each other over one link (a routing loop between the two)."""
+    return ((f"leaf-u{unit}-r{rail}", f"Ethernet{ECMP_UNIT + spine}"), (f"spine-{spine}", f"Ethernet{unit * GPUS + rail}"))
+
+
+def _deadlock(i: int, seed: int, duration_s: float = 30.0) -> Scenario:
+    """Two pause loops on distinct rails and spines; a transient loop; a storm every other one."""
+    topo = _topology(DEADLOCK_NODES, ECMP_UNIT, ECMP_SPINES)
+    jobs, busy, _ = _jobs(topo, seed)
+    rng = np.random.default_rng([seed, 0xDE])
+    rails = [int(r) for r in rng.permutation(GPUS)[:4]]
+    sp = [int(s) for s in rng.permutation(ECMP_SPINES)]
+    t1 = _frac(rng, 3.0, 8.0, 0.1)
+    t2 = _frac(rng, 10.0, 16.0, 0.1)
+    faults: list[Fault] = [
+        PfcDeadlock(_down_up_loop(rails[0], sp[0], sp[1]), onset_s=t1, offset_s=round(t1 + float(rng.uniform(3.0, 10.0)), 3)),
+        PfcDeadlock(_leaf_spine_loop(int(rng.integers(2)), rails[1], sp[2]), onset_s=t2,
+                    offset_s=round(t2 + float(rng.uniform(3.0, 10.0)), 3)),
+    ]
+    t3 = _frac(rng, 18.0, 24.0, 0.1)
+    faults.append(PfcDeadlock(_leaf_spine_loop(int(rng.integers(2)), rails[2], sp[3]), onset_s=t3,
+                              offset_s=round(t3 + float(rng.uniform(0.3, 0.7)), 3)))
+    if i % 2 == 0 and busy:
+        node = busy[int(rng.integers(len(busy)))]
+        t4 = _frac(rng, 4.0, 20.0, 0.1)
+        faults.append(PfcStorm(((node, _nic(rails[3])),), onset_s=t4, offset_s=round(t4 + float(rng.uniform(2.0, 5.0)), 3)))
+    return Scenario(f"deadlock-{i:02d}", "pfc_deadlock", seed, DEADLOCK_NODES, 0.1, duration_s, tuple(faults),
+                    nodes_per_unit=ECMP_UNIT, n_spines=ECMP_SPINES, switch_tx_pause_duration=bool(i % 3 == 1),
+                    note="a down-up loop and a leaf-spine loop; a transient loop" + (", a storm" if i % 2 == 0 else "")
+                    + (" (TX pause duration exported)" if i % 3 == 1 else ""))
+
+
 # --------------------------------------------------------------------------- must not fire
 
 
@@ -610,6 +730,8 @@ def build_suites(cfg: SuiteConfig | None = None) -> list[Scenario]:
     out += [_link_down(i, s0 + 600 + i) for i in range(cfg.link_down_scenarios)]
     out += _at_collector_cadence(cfg, s0 + 700)
     out += _must_not_fire(s0 + 500)
+    out += [_ecmp(i, s0 + 800 + i) for i in range(cfg.ecmp_scenarios)]
+    out += [_deadlock(i, s0 + 900 + i) for i in range(cfg.deadlock_scenarios)]
     out += _healthy(cfg)
     return out
 
@@ -634,6 +756,9 @@ def _describe(f) -> str:
         extra = " xon-only" if f.xon_only else ""
         extra += f" nic-wd {f.nic_watchdog_ms:g} ms" if f.nic_watchdog_ms else ""
         return f"{name}[{src}] {f.onset_s:g}-{f.offset_s:g} s{extra}"
+    if isinstance(f, PfcDeadlock):
+        loop = " > ".join(f"{sw}/{p}" for sw, p in f.ports)
+        return f"{name}[{loop}] {f.onset_s:g}-{f.offset_s:g} s"
     who = getattr(f, "node", None) or getattr(f, "switch", "")
     dev = getattr(f, "nic", None) or getattr(f, "port", None)
     if dev is None and hasattr(f, "gpu"):
@@ -653,5 +778,7 @@ def _describe(f) -> str:
             " crash" if f.crash else "")
     elif isinstance(f, Straggler):
         extra = f" x{f.factor:g} {f.cause}"
+    elif isinstance(f, EcmpPolarization):
+        extra = " hot " + ",".join(f.hot_uplinks) + (f" moving every {f.rotate_s:g} s" if f.rotate_s else "")
     return f"{name}[{who}/{dev}]{extra} {when}" if dev else f"{name}[{who}]{extra} {when}"
 
