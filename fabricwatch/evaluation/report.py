@@ -44,6 +44,7 @@ log = logging.getLogger("fabricwatch.eval")
 FABRICWATCH, STATIC, HST = "fabricwatch", "static rules", "river HST"
 DETECTORS = (FABRICWATCH, STATIC, HST)
 LABELLED_SUITES = ("fault_mix", "straggler", "pfc_storm", "must_not_fire", "link_down")
+LABELLED_SUITES += ("congestion",)       # ecn_pfc_misorder, lossless_drop (issue 15)
 CHUNK_S = 20.0                     # simulated seconds per replay call (bounds memory)
 STEP_TOLERANCE_NS = 10_000_000     # node clocks: +-5 ms
 

@@ -38,6 +38,12 @@ Suites (``suite`` field):
   its leaf, a leaf port pausing an idle node: sonic-mgmt ``test_pfcwd_no_traffic``), admin port
   toggles (leaf port facing a NIC, leaf uplink), a node reboot, clock skew, application XIDs of
   buggy user code (0.1 s or 1 s sampling as fits).
+* ``congestion`` (1 s, 8 nodes, 8 leaves): a leaf whose ECN marking thresholds sit above
+  XOFF (pauses under incast with 1 % of the marks; with its own incast episodes or a forced
+  heavy incast), a leaf port dropping on lossless queue 3; labelled negatives in the same
+  runs: heavy healthy incast on another leaf (marks first), a misordered leaf with no incast
+  at all (nothing pauses: invisible), drops on lossy queue 0, and a NIC link that flaps
+  behind a leaf port (its queues lose the frames in flight: a link event, not the buffers).
 * ``healthy``: long noisy healthy runs for the false-alarm rate, sized in node-hours; one
   busy node in eight runs buggy code that throws application XIDs every 1-4 minutes.
 
@@ -68,6 +74,7 @@ from fabricwatch.collectors.faults import (
     LinkDown, NicAdminDown, SwitchLinkDown,
 )
 from fabricwatch.collectors.faults import ApplicationXid, PinnedCounter, SwitchPfcStorm, XidCascade
+from fabricwatch.collectors.faults import EcnAfterPause, Incast, QueueDrops
 from fabricwatch.collectors.simulator import DEFAULT_START_UNIX_NS, Cadence, ClusterSimulator, Job, auto_jobs
 from fabricwatch.models.topology import Topology, rail_optimised
 
@@ -88,9 +95,12 @@ _CLASS_OF_GT_KIND = {
     "gpu_xid": "gpu_xid",
     "ecc_uncorrectable": "gpu_ecc_uncorrectable",
     "link_down": "link_down",
+    "ecn_pfc_misorder": "ecn_pfc_misorder",
+    "lossless_drop": "lossless_drop",
 }
 FAULT_CLASSES = ("link_downgrade", "pcie_downgrade", "link_flap", "pfc_storm", "straggler", "gpu_xid",
                  "gpu_ecc_uncorrectable", "link_down")
+FAULT_CLASSES += ("ecn_pfc_misorder", "lossless_drop")       # congestion tuning (issue 15)
 
 DOWNGRADE_RATES = ("200 Gb/sec (4X HDR)", "100 Gb/sec (4X EDR)", "400 Gb/sec (8X HDR)", "200 Gb/sec (2X NDR)")
 # Hardware and firmware XIDs of NVIDIA's catalog (`fabricwatch.xid`): the gpu_xid cases.
@@ -174,6 +184,7 @@ class SuiteConfig:
     healthy_nodes: int = 32
     healthy_run_s: float = 300.0     # each healthy run; runs = ceil(node-hours / (nodes x run))
     healthy_fast_s: float = 60.0     # one healthy run at 0.1 s sampling (storm false alarms)
+    congestion_scenarios: int = 20   # one misordered leaf and one lossless-drop port each: 20 cases of each
 
 
 @lru_cache(maxsize=64)
@@ -434,6 +445,41 @@ def _link_down(i: int, seed: int, n_nodes: int = 8, duration_s: float = 150.0) -
                     + "; an operator shuts a leaf port (90 s) and a host NIC (80 s)")
 
 
+# --------------------------------------------------------------------------- congestion tuning (issue 15)
+
+CONGESTION_VARIANTS = ("own_incast", "forced_incast", "late_onset")
+
+
+def _congestion(i: int, seed: int, n_nodes: int = 8, duration_s: float = 150.0) -> Scenario:
+    """A misordered leaf (variant by ``i``) and lossless drops on another leaf's port; negatives:
+    heavy healthy incast, a misordered leaf without incast (odd ``i``), lossy drops, a NIC link
+    flapping behind a third port (its transitions drop the frames in flight)."""
+    topo = _topology(n_nodes, n_nodes, 2)
+    rng = np.random.default_rng([seed, 0xEC])
+    leaves = [s for s, sw in topo.switches.items() if sw.role == "leaf"]
+    order = [leaves[k] for k in rng.permutation(len(leaves))]
+    bad, incast, drop_leaf, quiet = order[0], order[1], order[2], order[3]
+    variant = CONGESTION_VARIANTS[i % len(CONGESTION_VARIANTS)]
+    t = _frac(rng, 10.0, 20.0, 1.0) if variant != "late_onset" else _frac(rng, 50.0, 60.0, 1.0)
+    faults: list[Fault] = [EcnAfterPause(bad, onset_s=t, incast=0.5 if variant == "forced_incast" else 0.0),
+                           Incast(incast, onset_s=_frac(rng, 10.0, 30.0, 1.0), offset_s=_frac(rng, 100.0, 140.0, 1.0))]
+    if i % 2:
+        faults.append(EcnAfterPause(quiet, onset_s=_frac(rng, 10.0, 30.0, 1.0), quiet=True))
+    nics = sorted((p for p in topo.nic_ports if p.switch == drop_leaf), key=lambda p: p.switch_port)
+    a, b, c = (nics[int(k)] for k in rng.choice(len(nics), 3, replace=False))
+    a, b = a.switch_port, b.switch_port
+    faults.append(QueueDrops(drop_leaf, a, onset_s=_frac(rng, 20.0, 60.0, 1.0),
+                             drops_per_s=float(rng.choice([0.5, 5.0, 50.0]))))
+    faults.append(QueueDrops(drop_leaf, b, onset_s=_frac(rng, 20.0, 60.0, 1.0), priority=0, drops_per_s=200.0))
+    # the NIC behind a third port flaps: its leaf port's queues lose the frames in flight (the link's drops)
+    faults.append(LinkFlap(c.node, c.entity_id, onset_s=_frac(rng, 30.0, 60.0, 1.0), down_s=float(rng.uniform(1, 4)),
+                           flaps=2, period_s=10.0))
+    return Scenario(f"congestion-{i:02d}-{variant}", "congestion", seed, n_nodes, 1.0, duration_s, tuple(faults),
+                    note=f"a leaf marking ECN above XOFF ({variant.replace('_', ' ')}), lossless drops on a leaf "
+                         "port; negatives: healthy heavy incast, lossy drops, drops as a NIC link flaps"
+                         + (", a misordered leaf without incast" if i % 2 else ""))
+
+
 # --------------------------------------------------------------------------- must not fire
 
 
@@ -609,6 +655,7 @@ def build_suites(cfg: SuiteConfig | None = None) -> list[Scenario]:
     out.append(_storm_long(s0 + 450))
     out += [_link_down(i, s0 + 600 + i) for i in range(cfg.link_down_scenarios)]
     out += _at_collector_cadence(cfg, s0 + 700)
+    out += [_congestion(i, s0 + 800 + i) for i in range(cfg.congestion_scenarios)]
     out += _must_not_fire(s0 + 500)
     out += _healthy(cfg)
     return out
