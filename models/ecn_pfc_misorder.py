@@ -21,13 +21,17 @@ Counters read (`fabricwatch.counters`), per switch port and lossless priority ``
   such windows are no evidence either way.
 
 Per switch and priority, over windows of `WINDOW_S`: whether some port paused for a
-meaningful share of the window, and then the switch's **ECN marks per pause frame**, over
+meaningful share of the window, no single port sent more than `MAX_TOP_PORT_SHARE` of
+the switch's pause frames (incast pauses several senders; one port's pauses are a storm or
+a slow peer, `pfc_storm`'s), and then the switch's **ECN marks per pause frame**, over
 all its ports (under incast the ports that pause are the ingress ports facing the
 senders, the port that marks is the egress port facing the receiver).
-A window is *misordered* when that ratio is below `MIN_MARKS_PER_PAUSE_FRAME` and not
-within `PEER_FRACTION` of its peers' median (switches of the same role seen by this
-stage whose own recent windows had pauses): healthy peers that also mark little say the
-floor does not fit this fleet, and then the switch is not singled out. `PERSIST_WINDOWS`
+A window is *misordered* when that ratio is below `PEER_FRACTION` of its peers' median
+(switches of the same role seen by this stage whose own recent windows had pauses) where
+the peers mark healthily (a median of at least `MIN_MARKS_PER_PAUSE_FRAME`): its marking
+thresholds then sit far above theirs, whatever the floor says; without such peers (too
+few, or all marking under the floor: a fleet-wide misconfiguration) the DCQCN floor
+`MIN_MARKS_PER_PAUSE_FRAME` decides alone. `PERSIST_WINDOWS`
 misordered windows in a row open an ``ecn_pfc_misorder`` (a window without pauses is no
 evidence and keeps the count); `CLEAR_WINDOWS` healthy ones resolve it.
 
@@ -38,10 +42,10 @@ replay). No new fact or stage is needed, and the absolute floor keeps a lone swi
 >>> import numpy as np
 >>> from fabricwatch.models.frames import FrameStack, SourceBatch
 >>> names = ("pfc3-tx-pkts", "queue3-ecn-marked-pkts")
->>> def tick(sw, t_s, frames_s, marks_s):
-...     s = FrameStack("switch_port", ("Ethernet0",), names, (), np.array([0]),
-...                    np.zeros((1, 1, 2), np.uint64), np.empty((1, 1, 0)))
-...     s.rates, s.dt_s = np.array([[[frames_s, marks_s]]]), np.array([1.0])
+>>> def tick(sw, t_s, frames_s, marks_s):        # two sender-facing ports pause alike
+...     s = FrameStack("switch_port", ("Ethernet0", "Ethernet1"), names, (), np.array([0]),
+...                    np.zeros((1, 2, 2), np.uint64), np.empty((1, 2, 0)))
+...     s.rates, s.dt_s = np.array([[[frames_s, marks_s]] * 2]).reshape(1, 2, 2), np.array([1.0])
 ...     return SourceBatch("c1", sw, "switch", np.array([int(t_s * 1e9)]), [s])
 >>> det = EcnPfcMisorderDetector()
 >>> found = []
@@ -81,12 +85,16 @@ MIN_PAUSE_DUTY = 0.01
 # storm, a paused downstream switch): the pauses this switch then sends are not incast,
 # and the window is no evidence.
 PROPAGATED_RX_PAUSE_DUTY = 0.1
+# Incast is many-to-one: the pauses it causes go out of the ports of several senders. A
+# window in which one port sent more than this share of the switch's pause frames is a
+# held or storming port (a slow receiver, a PFC storm: pfc_storm's), not incast: no evidence.
+MAX_TOP_PORT_SHARE = 0.5
 # Below one ECN mark per pause frame sent, marking did not precede pausing: with Kmin <
 # XOFF every packet queued between them may be marked (tens of packets before the first
 # XOFF of an episode, more while the queue stays above Kmin), i.e. many marks per pause.
 MIN_MARKS_PER_PAUSE_FRAME = 1.0
 # "Far below its peers": an order of magnitude under their median ratio. Within that, the
-# switch marks like its peers do and the absolute floor does not fit this fleet.
+# switch marks like its peers do (a floor that does not fit this fleet says nothing).
 PEER_FRACTION = 0.1
 # Peers needed for their median to say anything; fewer: the absolute floor alone.
 MIN_PEERS = 3
@@ -213,6 +221,8 @@ class EcnPfcMisorderDetector:
             # the whole switch: the ports that pause (ingress, toward the senders) are not the
             # ports that mark (egress, toward the incast's receiver)
             frames, marks = float(frames_s[j].sum()), float(marks_s[j].sum())
+            if frames_s[j].max() > MAX_TOP_PORT_SHARE * frames:
+                continue                                   # one port's pauses: a storm or a slow peer, not incast
             ratio = marks / frames
             peers_key = (cluster, self._role(switch), j)
             table = self._ratios.setdefault(peers_key, {})
@@ -221,8 +231,11 @@ class EcnPfcMisorderDetector:
             if len(table) > MAX_SWITCHES:
                 table.pop(next(iter(table)))
             median = float(np.median(peers)) if len(peers) >= MIN_PEERS else float("nan")
-            like_peers = median >= MIN_MARKS_PER_PAUSE_FRAME and ratio >= PEER_FRACTION * median
-            if ratio < MIN_MARKS_PER_PAUSE_FRAME and not like_peers:
+            # healthy peers decide where they exist (an order of magnitude under them, whatever
+            # the floor); without them (or if they too mark under the floor) the floor does
+            healthy_peers = median >= MIN_MARKS_PER_PAUSE_FRAME
+            below = ratio < PEER_FRACTION * median if healthy_peers else ratio < MIN_MARKS_PER_PAUSE_FRAME
+            if below:
                 state.streak[j] += 1
                 state.healthy[j] = 0
                 if state.streak[j] >= PERSIST_WINDOWS and j not in state.open:

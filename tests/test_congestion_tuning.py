@@ -36,12 +36,12 @@ def drive(det, seconds, per_switch):
     return out
 
 
-def healthy(t):           # pauses, and marks ten times as many packets first
-    return [[20_000, 200_000, 0.0], [0, 5_000, 0.0]]
+def healthy(t):           # two sender ports pause, the receiver's port marks ten times as many packets first
+    return [[10_000, 0, 0.0], [10_000, 200_000, 0.0]]
 
 
 def misordered(t):
-    return [[20_000, 50, 0.0], [0, 10, 0.0]]
+    return [[10_000, 10, 0.0], [10_000, 50, 0.0]]
 
 
 # ---------------------------------------------------------------- ecn_pfc_misorder
@@ -54,10 +54,10 @@ def test_a_switch_that_pauses_without_marking_opens_against_peers_that_mark():
     f = out[0]
     ev = {e.name: e for e in f.evidence}
     assert ev["ecn_marks_per_pause_frame"].value == pytest.approx(60 / 20_000, rel=1e-3)
-    assert ev["peer_ecn_marks_per_pause_frame"].value == pytest.approx(205_000 / 20_000, rel=1e-3)
+    assert ev["peer_ecn_marks_per_pause_frame"].value == pytest.approx(200_000 / 20_000, rel=1e-3)
     assert "lower the ECN (WRED) min/max marking thresholds of queue 3 on leaf-4" in f.suggested_action
     assert "XOFF" in f.suggested_action and "Ethernet0" in f.suggested_action
-    assert f.cause == "ecn_threshold_above_xoff" and f.related[0].port == "Ethernet0"
+    assert f.cause == "ecn_threshold_above_xoff" and f.related[0].port == "Ethernet0"   # the most pauses
 
 
 def test_it_resolves_once_the_switch_marks_again():
@@ -71,22 +71,36 @@ def test_it_resolves_once_the_switch_marks_again():
 
 def test_no_incast_no_evidence_and_marks_first_is_healthy():
     det = EcnPfcMisorderDetector()
-    quiet = lambda t: [[10, 0, 0.0], [0, 0, 0.0]]          # a few stray pauses, no marks at all
+    quiet = lambda t: [[10, 0, 0.0], [10, 0, 0.0]]         # a few stray pauses, no marks at all
     out = drive(det, 200, {"leaf-1": healthy, "leaf-2": healthy, "leaf-3": healthy, "leaf-4": quiet})
     assert out == []
 
 
 def test_back_pressure_from_a_paused_peer_is_no_evidence():
     det = EcnPfcMisorderDetector()
-    held = lambda t: [[20_000, 50, 0.0], [0, 10, 0.5]]     # its other port is held half the time (a storm)
+    held = lambda t: [[10_000, 50, 0.0], [10_000, 10, 0.5]]  # a port is held half the time (a storm next door)
     assert drive(det, 200, {"leaf-1": healthy, "leaf-2": healthy, "leaf-3": healthy, "spine-0": held}) == []
 
 
 def test_within_an_order_of_magnitude_of_healthy_peers_is_like_them():
     det = EcnPfcMisorderDetector()
-    peer = lambda t: [[20_000, 40_000, 0.0], [0, 0, 0.0]]     # 2 marks per pause
-    low = lambda t: [[20_000, 16_000, 0.0], [0, 0, 0.0]]      # 0.8: under the floor, but like the peers
+    peer = lambda t: [[10_000, 40_000, 0.0], [10_000, 0, 0.0]]     # 2 marks per pause
+    low = lambda t: [[10_000, 16_000, 0.0], [10_000, 0, 0.0]]      # 0.8: under the floor, but like the peers
     assert drive(det, 200, {"leaf-1": peer, "leaf-2": peer, "leaf-3": peer, "leaf-4": low}) == []
+
+
+def test_an_order_of_magnitude_under_healthy_peers_opens_above_the_floor_too():
+    det = EcnPfcMisorderDetector()
+    high = lambda t: [[10_000, 0, 0.0], [10_000, 300_000, 0.0]]     # 15 marks per pause
+    late = lambda t: [[10_000, 0, 0.0], [10_000, 24_000, 0.0]]      # 1.2: over the floor, 12x under its peers
+    out = drive(det, 61, {"leaf-1": high, "leaf-2": high, "leaf-3": high, "leaf-4": late})
+    assert [(f.state, f.entity.switch) for f in out] == [(OPEN, "leaf-4")]
+
+
+def test_a_fleet_that_all_marks_late_is_judged_on_the_floor():
+    det = EcnPfcMisorderDetector()
+    out = drive(det, 61, {f"leaf-{k}": misordered for k in range(1, 5)})
+    assert sorted(f.entity.switch for f in out) == ["leaf-1", "leaf-2", "leaf-3", "leaf-4"]
 
 
 def test_a_lone_switch_is_judged_on_the_dcqcn_floor_alone():
@@ -101,6 +115,25 @@ def test_a_chance_window_does_not_persist():
     flicker = lambda t: misordered(t) if (t - 1) // 10 % 3 != 2 else healthy(t)   # two bad windows, one good
     assert drive(det, 300, {"leaf-1": healthy, "leaf-2": healthy, "leaf-3": healthy, "leaf-4": flicker}) == []
     assert emo.PERSIST_WINDOWS == 3
+
+
+def test_one_port_carrying_the_pauses_is_a_storm_not_incast():
+    det = EcnPfcMisorderDetector()
+    storm = lambda t: [[24_000, 10, 0.0], [2_000, 50, 0.0]]       # one port pauses continuously (pfc_storm's)
+    assert drive(det, 200, {"leaf-1": healthy, "leaf-2": healthy, "leaf-3": healthy, "leaf-4": storm}) == []
+    assert emo.MAX_TOP_PORT_SHARE == 0.5
+
+
+def test_the_exported_pause_duration_counts_as_pausing():
+    det = EcnPfcMisorderDetector()
+    names = ("pfc3-tx-pkts", "queue3-ecn-marked-pkts", "pfc3-tx-pause-duration-us")
+    # few (long) pause frames, but each port paused 5 % of the time, and hardly any marks
+    slow = [[300, 1, 0.05], [300, 1, 0.05]]
+    out = [f for t in range(1, 62) for f in det.update_batch(sw_tick("leaf-4", t, slow, names=names))]
+    assert [f.state for f in out] == [OPEN]
+    det = EcnPfcMisorderDetector()
+    rare = [[300, 1, 0.001], [300, 1, 0.001]]
+    assert [f for t in range(1, 62) for f in det.update_batch(sw_tick("leaf-4", t, rare, names=names))] == []
 
 
 def test_without_the_counters_nothing_is_read():

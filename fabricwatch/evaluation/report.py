@@ -680,7 +680,7 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
         add(f"| {name} | {value} | {_verdict(ok)} |")
     add("")
     add("Precision, recall and F1 are over the labelled suites (fault mix, stragglers, PFC storms, dead "
-        "links and the must-not-fire cases); false alarms per node-hour are over the healthy runs only. Numbers that fall "
+        "links, congestion tuning and the must-not-fire cases); false alarms per node-hour are over the healthy runs only. Numbers that fall "
         "short are reported as they are.")
     add("")
     add("## Per fault class")

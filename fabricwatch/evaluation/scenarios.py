@@ -42,8 +42,10 @@ Suites (``suite`` field):
   XOFF (pauses under incast with 1 % of the marks; with its own incast episodes or a forced
   heavy incast), a leaf port dropping on lossless queue 3; labelled negatives in the same
   runs: heavy healthy incast on another leaf (marks first), a misordered leaf with no incast
-  at all (nothing pauses: invisible), drops on lossy queue 0, and a NIC link that flaps
-  behind a leaf port (its queues lose the frames in flight: a link event, not the buffers).
+  at all (nothing pauses: invisible), drops on lossy queue 0, a NIC link that flaps
+  behind a leaf port (its queues lose the frames in flight: a link event, not the buffers),
+  and in every fourth run (240 s) a leaf port storming a busy NIC for ~65 s at the end
+  (one port's pauses without marks: a ``pfc_storm``, not incast).
 * ``healthy``: long noisy healthy runs for the false-alarm rate, sized in node-hours; one
   busy node in eight runs buggy code that throws application XIDs every 1-4 minutes.
 
@@ -461,7 +463,10 @@ def _congestion(i: int, seed: int, n_nodes: int = 8, duration_s: float = 150.0) 
     bad, incast, drop_leaf, quiet = order[0], order[1], order[2], order[3]
     variant = CONGESTION_VARIANTS[i % len(CONGESTION_VARIANTS)]
     t = _frac(rng, 10.0, 20.0, 1.0) if variant != "late_onset" else _frac(rng, 50.0, 60.0, 1.0)
-    faults: list[Fault] = [EcnAfterPause(bad, onset_s=t, incast=0.5 if variant == "forced_incast" else 0.0),
+    # no marks at all, 1 % of a healthy switch's, or 5 % (over the DCQCN floor at times: its peers decide)
+    factor = (0.0, 0.01, 0.05)[i // len(CONGESTION_VARIANTS) % 3]
+    faults: list[Fault] = [EcnAfterPause(bad, onset_s=t, incast=0.5 if variant == "forced_incast" else 0.0,
+                                         marking_factor=factor),
                            Incast(incast, onset_s=_frac(rng, 10.0, 30.0, 1.0), offset_s=_frac(rng, 100.0, 140.0, 1.0))]
     if i % 2:
         faults.append(EcnAfterPause(quiet, onset_s=_frac(rng, 10.0, 30.0, 1.0), quiet=True))
@@ -474,10 +479,20 @@ def _congestion(i: int, seed: int, n_nodes: int = 8, duration_s: float = 150.0) 
     # the NIC behind a third port flaps: its leaf port's queues lose the frames in flight (the link's drops)
     faults.append(LinkFlap(c.node, c.entity_id, onset_s=_frac(rng, 30.0, 60.0, 1.0), down_s=float(rng.uniform(1, 4)),
                            flaps=2, period_s=10.0))
+    if i % 4 == 3:
+        # after the rest, a leaf port storming a busy NIC for ~65 s: one port's pauses without
+        # marks, not incast (later, so that its stalled job does not hide the misordered leaf)
+        duration_s += 90.0
+        _, busy, _ = _jobs(topo, seed)
+        victim = next((p for p in topo.nic_ports if p.switch == order[4] and p.node in busy), None)
+        if victim is not None:
+            faults.append(SwitchPfcStorm(victim.switch, victim.switch_port, onset_s=_frac(rng, 150.0, 160.0, 1.0),
+                                         offset_s=_frac(rng, 215.0, 225.0, 1.0)))
     return Scenario(f"congestion-{i:02d}-{variant}", "congestion", seed, n_nodes, 1.0, duration_s, tuple(faults),
                     note=f"a leaf marking ECN above XOFF ({variant.replace('_', ' ')}), lossless drops on a leaf "
                          "port; negatives: healthy heavy incast, lossy drops, drops as a NIC link flaps"
-                         + (", a misordered leaf without incast" if i % 2 else ""))
+                         + (", a misordered leaf without incast" if i % 2 else "")
+                         + (", then a leaf port storming a busy NIC for ~65 s" if i % 4 == 3 else ""))
 
 
 # --------------------------------------------------------------------------- must not fire
