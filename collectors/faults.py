@@ -630,10 +630,28 @@ class QueueDrops:
         return self.priority == 3
 
 
+@dataclass(frozen=True)
+class NicLosslessDrops:
+    """A NIC that discards ``drops_per_s`` received packets per second on lossless priority 3
+    (``rx_prio3_buf_discard``) on a live link: its receive buffer for the priority is too
+    small or PFC is off for it on the NIC (``mlnx_qos``), kind ``lossless_drop``."""
+    node: str
+    nic: str
+    onset_s: float
+    offset_s: float = INF
+    drops_per_s: float = 20.0
+    kind = "lossless_drop"
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.offset_s)
+        if not self.drops_per_s > 0:
+            raise ValueError("NicLosslessDrops: drops_per_s must be > 0")
+
+
 Fault = Union[LinkDowngrade, NicPcieDowngrade, GpuPcieDowngrade, LinkFlap, AdminToggle, PfcStorm,
               Straggler, GpuXid, EccUncorrectable, NodeReboot, ClockSkew, XidCascade, ApplicationXid,
               SwitchPfcStorm, PinnedCounter, LinkDown, SwitchLinkDown, NicAdminDown]
-Fault = Union[Fault, EcnAfterPause, Incast, QueueDrops]      # congestion tuning (issue 15)
+Fault = Union[Fault, EcnAfterPause, Incast, QueueDrops, NicLosslessDrops]      # congestion tuning (issue 15)
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ from fabricwatch.collectors.faults import (
     LinkDown, NicAdminDown, SwitchLinkDown,
 )
 from fabricwatch.collectors.faults import ApplicationXid, PinnedCounter, SwitchPfcStorm, XidCascade
-from fabricwatch.collectors.faults import EcnAfterPause, Incast, QueueDrops
+from fabricwatch.collectors.faults import EcnAfterPause, Incast, NicLosslessDrops, QueueDrops
 from fabricwatch.counters import GPU_GAUGES, NIC_GAUGES, SWITCH_GAUGES, Overflow, spec_for
 from fabricwatch.models.linkrate import parse_ib_rate
 from fabricwatch.models.topology import Topology, rail_optimised
@@ -83,6 +83,9 @@ NIC_COUNTERS = (
     "tx_pause_storm_warning_events", "tx_pause_storm_error_events", "link_down_events_phy",
     "rx_corrected_bits_phy", "rx_bits_phy", "rx_pcs_symbol_err_phy",
 )
+# Receive discards on lossless priority 3 (mlx5 ethtool -S, the slow group): lossless_drop reads them.
+NIC_QUEUE_COUNTERS = ("rx_prio3_buf_discard",)
+NIC_COUNTERS = NIC_COUNTERS + NIC_QUEUE_COUNTERS
 GPU_COUNTERS = ("ecc_corrected_volatile_total", "ecc_uncorrected_volatile_total", "pcie_replay_total", "energy_mj")
 SWITCH_COUNTERS = (
     "in-octets", "out-octets", "in-pkts", "out-pkts", "in-errors", "in-discards", "out-discards",
@@ -382,6 +385,7 @@ class _FaultState:
     sw_level_floor: np.ndarray | None = None       # forced incast level
     sw_quiet: np.ndarray | None = None             # no incast at all
     q_drops: np.ndarray | None = None              # [switch port, (queue 3, queue 0)] drops per second
+    nic_q_drops: np.ndarray | None = None          # NIC port: priority-3 receive discards per second
 
 
 # --------------------------------------------------------------------------- simulator
@@ -730,6 +734,8 @@ class ClusterSimulator:
                     d = PfcStorm(((self._nodes[self._p_node[q]], self._p_eid[q]),), f.onset_s, f.offset_s)
                     out.append(d)
                     self._derived[id(d)] = f
+            elif isinstance(f, NicLosslessDrops):
+                self._nic_index(f.node, f.nic, "NicLosslessDrops")
             elif isinstance(f, (EcnAfterPause, Incast, QueueDrops)):
                 self._check_congestion_fault(f)
             else:
@@ -1057,7 +1063,7 @@ class ClusterSimulator:
 
     def _resolve_congestion(self, fs: _FaultState, t0: float, t1: float) -> None:
         """`EcnAfterPause`, `Incast`, `QueueDrops` for [t0, t1): per switch, per switch port."""
-        faults = [f for f in self.faults if isinstance(f, (EcnAfterPause, Incast, QueueDrops))]
+        faults = [f for f in self.faults if isinstance(f, (EcnAfterPause, Incast, QueueDrops, NicLosslessDrops))]
         if not faults:
             return
         S, dt = len(self._switches), t1 - t0
@@ -1065,9 +1071,13 @@ class ClusterSimulator:
         fs.sw_ecn_factor, fs.sw_pause_gain = np.ones(S), np.ones(S)
         fs.sw_level_floor, fs.sw_quiet = np.zeros(S), np.zeros(S, bool)
         fs.q_drops = np.zeros((self.SP, 2))
+        fs.nic_q_drops = np.zeros(self.P)
         for f in faults:
             frac = _overlap(f.onset_s, f.offset_s, t0, t1) / dt
             if frac <= 0:
+                continue
+            if isinstance(f, NicLosslessDrops):
+                fs.nic_q_drops[self._p_key[(f.node, f.nic)]] += f.drops_per_s * frac
                 continue
             if isinstance(f, QueueDrops):
                 fs.q_drops[self._sp_key[(f.switch, f.port)], 0 if f.lossless else 1] += f.drops_per_s * frac
@@ -1110,7 +1120,17 @@ class ClusterSimulator:
         sinc[:, sc["queue3-dropped-pkts"]] = rng.poisson(extra[:, 0] * dt) + lost
         sinc[:, sc["queue0-dropped-pkts"]] = rng.poisson((LOSSY_DROPS_PER_S + extra[:, 1]) * dt) + lost
 
+    def _nic_queue_drops(self, fs: _FaultState, inc: np.ndarray, dt: float) -> None:
+        """A NIC's priority-3 receive discards: a link that goes down loses what was in flight."""
+        lost = fs.down_events * LINK_EVENT_DROPS
+        if fs.nic_q_drops is not None:
+            lost = lost + self._q_rng.poisson(fs.nic_q_drops * dt)
+        inc[:, _NC["rx_prio3_buf_discard"]] = lost
+
     def _congestion_truth(self, f) -> GroundTruth:
+        if isinstance(f, NicLosslessDrops):
+            return GroundTruth(f.kind, nic_path(f.node, f.nic), self._ns(f.onset_s), self._ns(f.offset_s),
+                               detail={"priority": 3, "lossless": True, "drops_per_s": f.drops_per_s, "nic": True})
         if isinstance(f, QueueDrops):
             return GroundTruth(f.kind, port_path(f.switch, f.port), self._ns(f.onset_s), self._ns(f.offset_s),
                                expect_alert=f.lossless,
@@ -1501,6 +1521,7 @@ class ClusterSimulator:
         inc[:, c["rx_corrected_bits_phy"]] = corrected
         inc[:, c["rx_bits_phy"]] = bits
         inc[:, c["rx_pcs_symbol_err_phy"]] = rng.poisson(np.where(m, 0.05, 0.0) * dt + fs.fec_unc_rate * dt, P)
+        self._nic_queue_drops(fs, inc, dt)
         live = ~fs.node_down[self._p_node] | (fs.up_frac > 0)
         self._nic.add(inc, rows=np.nonzero(live)[0])
         self._p_act = act
@@ -1892,7 +1913,7 @@ class ClusterSimulator:
                 far = port_path(self._switches[self._sp_switch[peer]], self._sp_name[peer])
                 out.append(GroundTruth(f.kind, port_path(f.switch, f.port), self._ns(f.onset_s), self._ns(f.offset_s),
                                        related=(far,)))
-            elif isinstance(f, (EcnAfterPause, Incast, QueueDrops)):
+            elif isinstance(f, (EcnAfterPause, Incast, QueueDrops, NicLosslessDrops)):
                 out.append(self._congestion_truth(f))
         return out
 

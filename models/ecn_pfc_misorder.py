@@ -105,8 +105,9 @@ PEER_MEMORY_S = 600.0
 PERSIST_WINDOWS = 3
 # Healthy windows (pausing and marking) in a row that resolve it.
 CLEAR_WINDOWS = 3
-# Switches tracked at most (bounded state).
+# Switches tracked at most, layouts remembered at most (bounded state).
 MAX_SWITCHES = 20_000
+MAX_LAYOUTS = 4096
 
 
 @dataclass
@@ -149,6 +150,7 @@ class EcnPfcMisorderDetector:
         self._state: dict[str, _State] = {}
         # (cluster, role, prio index) -> {switch: (ratio, window end ns)}
         self._ratios: dict[tuple[str, str, int], dict[str, tuple[float, int]]] = {}
+        self._layouts: dict[tuple[str, ...], list] = {}      # counter names -> columns read
 
     def screen(self, group) -> None:
         """Nothing to share across records: a record costs a layout lookup and a few sums."""
@@ -159,7 +161,11 @@ class EcnPfcMisorderDetector:
         for stack in batch.stacks:
             if stack.kind != SWITCH_PORT or stack.rates is None or stack.dt_s is None:
                 continue
-            cols = _cols(stack)
+            cols = self._layouts.get(stack.counter_names)
+            if cols is None:
+                if len(self._layouts) >= MAX_LAYOUTS:
+                    self._layouts.clear()
+                cols = self._layouts[stack.counter_names] = _cols(stack)
             if any(c is not None for c in cols):
                 return self._update(batch, stack, cols)
         return []
@@ -173,7 +179,11 @@ class EcnPfcMisorderDetector:
             state = self._state[batch.source] = _State()
         out: list[Finding] = []
         dt = np.nan_to_num(np.asarray(stack.dt_s, float))
-        rates = np.nan_to_num(stack.rates)                 # NaN (reset, first tick): no evidence
+        # only the columns read, NaN (a reset, the first tick) as no evidence; columns renumbered
+        used = sorted({c for col in cols if col is not None for c in col if c is not None})
+        rates = np.nan_to_num(stack.rates[:, :, used])
+        at = {c: k for k, c in enumerate(used)}
+        cols = [None if col is None else tuple(None if c is None else at[c] for c in col) for col in cols]
         times = stack.times_ns if stack.times_ns is not None else batch.times_ns
         for k in range(len(dt)):
             w = state.window

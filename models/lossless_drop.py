@@ -100,6 +100,7 @@ class LosslessDropDetector:
 
     def __init__(self) -> None:
         self._ports: dict[tuple[str, str], _Port] = {}
+        self._tracked: dict[str, set[str]] = {}      # source -> its remembered ports
         self._layouts: dict[tuple, tuple] = {}
 
     def screen(self, group) -> None:
@@ -123,19 +124,22 @@ class LosslessDropDetector:
     def _update(self, batch: SourceBatch, stack: FrameStack, layout: tuple) -> list[Finding]:
         drop_cols, link_cols, oper, speed = layout
         dt = np.nan_to_num(np.asarray(stack.dt_s, float))
-        rates = np.nan_to_num(stack.rates)
         times = stack.times_ns if stack.times_ns is not None else batch.times_ns
-        # [tick, port, prio]: the largest of the counters of each priority (they overlap on mlx5)
-        drops = np.stack([rates[:, :, c].max(axis=2) if c else np.zeros(rates.shape[:2]) for c in drop_cols],
-                         axis=2) * dt[:, None, None]
-        event = (rates[:, :, link_cols].sum(axis=2) > 0) if link_cols else np.zeros(rates.shape[:2], bool)
+        shape = stack.rates.shape[:2]
+        # [tick, port, prio]: the largest of the counters of each priority (they overlap on mlx5);
+        # NaN (a reset, the first tick) is no evidence
+        drops = np.stack([np.nan_to_num(stack.rates[:, :, c]).max(axis=2) if c else np.zeros(shape)
+                          for c in drop_cols], axis=2) * dt[:, None, None]
+        event = (np.nan_to_num(stack.rates[:, :, link_cols]).sum(axis=2) > 0) if link_cols else np.zeros(shape, bool)
         if oper is not None:
             event |= stack.gauges[:, :, oper] == 0
         if speed is not None:
             event |= stack.gauges[:, :, speed] < 0
         # ports that dropped or had a link event, and those already remembered; the rest is quiet
         active = set(np.flatnonzero((drops.sum(axis=(0, 2)) > 0) | event.any(axis=0)).tolist())
-        active |= {i for i, eid in enumerate(stack.ids) if (batch.source, eid) in self._ports}
+        tracked = self._tracked.get(batch.source)
+        if tracked:
+            active |= {i for i, eid in enumerate(stack.ids) if eid in tracked}
         out: list[Finding] = []
         for i in sorted(active):
             out += self._port(batch, stack.ids[i], times, dt, drops[:, i], event[:, i])
@@ -147,7 +151,8 @@ class LosslessDropDetector:
         port = self._ports.get(key)
         if port is None:
             if len(self._ports) >= MAX_PORTS:
-                self._ports.pop(next(iter(self._ports)))
+                self._forget(next(iter(self._ports)))
+            self._tracked.setdefault(batch.source, set()).add(eid)
             port = self._ports[key] = _Port(start_ns=int(times[0] - dt[0] * 1e9))   # the first tick's interval
         out: list[Finding] = []
         for k in range(len(times)):
@@ -159,8 +164,16 @@ class LosslessDropDetector:
                 out += self._judge(batch, eid, port, t)
                 port.start_ns, port.drops = t, np.zeros(len(LOSSLESS_PRIORITIES))
         if not port.open and not port.drops.any() and t - port.last_event_ns > LINK_EVENT_GRACE_S * 1e9:
-            del self._ports[key]                      # nothing to remember: quiet ports cost nothing
+            self._forget(key)                         # nothing to remember: quiet ports cost nothing
         return out
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        del self._ports[key]
+        tracked = self._tracked.get(key[0])
+        if tracked is not None:
+            tracked.discard(key[1])
+            if not tracked:
+                del self._tracked[key[0]]
 
     def _judge(self, batch: SourceBatch, eid: str, port: _Port, now_ns: int) -> list[Finding]:
         out: list[Finding] = []

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from fabricwatch.collectors.faults import EcnAfterPause, Incast, LinkFlap, QueueDrops
+from fabricwatch.collectors.faults import EcnAfterPause, Incast, LinkFlap, NicLosslessDrops, QueueDrops
 from fabricwatch.collectors.simulator import ClusterSimulator
 from fabricwatch.models import ecn_pfc_misorder as emo
 from fabricwatch.models import lossless_drop as ldm
@@ -222,6 +222,23 @@ def test_simulator_misordered_leaf_marks_a_hundredth_and_drops_where_told():
     kinds = {(g.kind, g.entity, g.expect_alert) for g in sim.ground_truth()}
     assert kinds == {("ecn_pfc_misorder", "leaf-u0-r2", True), ("incast", "leaf-u0-r3", False),
                      ("lossless_drop", "leaf-u0-r4/Ethernet1", True)}
+
+
+def test_simulator_nic_discards_on_priority_3_and_at_its_link_flap():
+    sim = _sim([NicLosslessDrops("node-0002", "mlx5_1/1", onset_s=5.0, drops_per_s=30.0),
+                LinkFlap("node-0003", "mlx5_0/1", onset_s=10.5, down_s=2.0)])
+    def discards(snaps, node):
+        s = next(x for x in snaps if x.source == node)
+        nic = s.blocks[1]
+        j = list(nic.counter_names).index("rx_prio3_buf_discard")
+        return np.array(nic.counters, dtype=float).reshape(len(nic.entity_ids), -1)[:, j]
+    first = sim.run(5)[-1]
+    last = sim.run(20)[-1]
+    d2 = discards(last, "node-0002") - discards(first, "node-0002")
+    d3 = discards(last, "node-0003") - discards(first, "node-0003")
+    assert 400 < d2[1] < 800 and d2[[0, 2, 3, 4, 5, 6, 7]].sum() == 0
+    assert d3[0] > 0 and d3[1:].sum() == 0                    # the frames in flight as the link went down
+    assert [(g.kind, g.entity) for g in sim.ground_truth()][0] == ("lossless_drop", "node-0002/mlx5_1/1")
 
 
 def test_simulator_refuses_unknown_switches_and_labels_the_negatives():

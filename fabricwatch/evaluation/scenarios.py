@@ -39,11 +39,13 @@ Suites (``suite`` field):
   toggles (leaf port facing a NIC, leaf uplink), a node reboot, clock skew, application XIDs of
   buggy user code (0.1 s or 1 s sampling as fits).
 * ``congestion`` (1 s, 8 nodes, 8 leaves): a leaf whose ECN marking thresholds sit above
-  XOFF (pauses under incast with 1 % of the marks; with its own incast episodes or a forced
-  heavy incast), a leaf port dropping on lossless queue 3; labelled negatives in the same
+  XOFF (pauses under incast with 0, 1 or 5 % of the marks; with its own incast episodes or a
+  forced heavy incast), a leaf port dropping on lossless queue 3, a NIC discarding on
+  lossless priority 3 (``rx_prio3_buf_discard``); labelled negatives in the same
   runs: heavy healthy incast on another leaf (marks first), a misordered leaf with no incast
   at all (nothing pauses: invisible), drops on lossy queue 0, a NIC link that flaps
-  behind a leaf port (its queues lose the frames in flight: a link event, not the buffers),
+  behind a leaf port (its queues and the NIC lose the frames in flight: a link event, not
+  the buffers),
   and in every fourth run (240 s) a leaf port storming a busy NIC for ~65 s at the end
   (one port's pauses without marks: a ``pfc_storm``, not incast).
 * ``healthy``: long noisy healthy runs for the false-alarm rate, sized in node-hours; one
@@ -76,7 +78,7 @@ from fabricwatch.collectors.faults import (
     LinkDown, NicAdminDown, SwitchLinkDown,
 )
 from fabricwatch.collectors.faults import ApplicationXid, PinnedCounter, SwitchPfcStorm, XidCascade
-from fabricwatch.collectors.faults import EcnAfterPause, Incast, QueueDrops
+from fabricwatch.collectors.faults import EcnAfterPause, Incast, NicLosslessDrops, QueueDrops
 from fabricwatch.collectors.simulator import DEFAULT_START_UNIX_NS, Cadence, ClusterSimulator, Job, auto_jobs
 from fabricwatch.models.topology import Topology, rail_optimised
 
@@ -479,6 +481,11 @@ def _congestion(i: int, seed: int, n_nodes: int = 8, duration_s: float = 150.0) 
     # the NIC behind a third port flaps: its leaf port's queues lose the frames in flight (the link's drops)
     faults.append(LinkFlap(c.node, c.entity_id, onset_s=_frac(rng, 30.0, 60.0, 1.0), down_s=float(rng.uniform(1, 4)),
                            flaps=2, period_s=10.0))
+    # a NIC discarding on lossless priority 3 (its buffer or PFC config), behind a fifth leaf
+    nics = [p for p in topo.nic_ports if p.switch == order[5] and p.node != c.node]
+    d = nics[int(rng.integers(len(nics)))]
+    faults.append(NicLosslessDrops(d.node, d.entity_id, onset_s=_frac(rng, 20.0, 60.0, 1.0),
+                                   drops_per_s=float(rng.choice([1.0, 20.0]))))
     if i % 4 == 3:
         # after the rest, a leaf port storming a busy NIC for ~65 s: one port's pauses without
         # marks, not incast (later, so that its stalled job does not hide the misordered leaf)
