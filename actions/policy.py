@@ -20,7 +20,7 @@ Alerts are not actions on the cluster: they are sent in both modes.
 ...     parse_policy("rules: [{name: x, match: {kind: pfc}, actions: [alert]}]")
 ... except PolicyError as err:
 ...     print(err)
-rules[0].match.kind: unknown anomaly kind 'pfc'; known: ecmp_imbalance, gpu_ecc_uncorrectable, gpu_xid, hang, ..., pfc_storm, straggler, unknown_anomaly
+rules[0].match.kind: unknown anomaly kind 'pfc'; known: ecmp_imbalance, ecn_pfc_misorder, ..., straggler, unknown_anomaly
 """
 from __future__ import annotations
 
@@ -45,11 +45,11 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 ANOMALY_KINDS = frozenset({"link_downgrade", "pcie_downgrade", "link_flap", "link_down", "pfc_storm", "straggler",
                            "hang", "gpu_xid", "gpu_ecc_uncorrectable", "unknown_anomaly",
-                           "ecmp_imbalance", "pfc_deadlock"})
+                           "ecmp_imbalance", "pfc_deadlock", "ecn_pfc_misorder", "lossless_drop"})
 CAUSE_CODES = frozenset({"thermal", "power", "nic_downgrade", "storm_victim", "xid", "ecc", "none", "unknown",
                          "nic_down", "nic_pcie", "partial_pause", "gpu_pcie",
                          "stuck_host", "silent_host", "switch_port", "stuck_process", "process_lost",
-                         "ecmp_polarization", "pfc_deadlock"})
+                         "ecmp_polarization", "pfc_deadlock", "ecn_threshold_above_xoff", "headroom_misconfig"})
 SEVERITY_RANK = {INFO: 1, WARNING: 2, CRITICAL: 3}
 _SEVERITY_OF_PROTO = {ev.SEVERITY_INFO: INFO, ev.SEVERITY_WARNING: WARNING, ev.SEVERITY_CRITICAL: CRITICAL}
 

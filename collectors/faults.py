@@ -623,9 +623,97 @@ class PfcDeadlock:
         _check_times(self.onset_s, self.offset_s)
 
 
+@dataclass(frozen=True)
+class EcnAfterPause:
+    """A switch whose ECN (WRED) marking thresholds of queue ``priority`` sit above its PFC
+    XOFF threshold (issue 15): under incast it pauses its upstream before the queue ever
+    reaches Kmin, so ``queue<p>-ecn-marked-pkts`` (and the CE marks / CNPs of the NICs behind
+    it) fall to ``marking_factor`` of a healthy switch's, and, with no DCQCN rate cut, it
+    pauses ``pause_gain`` times as much. ``incast``: a forced incast level (0..0.9, the pause
+    duty during bursts) on the switch while on; 0 keeps its own episodes. ``quiet``: the
+    switch carries no incast at all while on (nothing pauses): a labelled negative, the
+    misconfiguration cannot be seen (``expect_alert=False``).
+    """
+    switch: str
+    onset_s: float
+    offset_s: float = INF
+    priority: int = 3
+    marking_factor: float = 0.01
+    pause_gain: float = 1.5
+    incast: float = 0.0
+    quiet: bool = False
+    kind = "ecn_pfc_misorder"
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.offset_s)
+        if not 0.0 <= self.marking_factor < 1.0 or not self.pause_gain >= 1.0 or not 0.0 <= self.incast <= 0.9:
+            raise ValueError("marking_factor must be in [0, 1), pause_gain >= 1, incast in [0, 0.9]")
+
+
+@dataclass(frozen=True)
+class Incast:
+    """Heavy, healthy incast on a correctly configured switch: its incast level (pause duty
+    during bursts) is at least ``level`` while on; it marks ECN first, as DCQCN wants, and
+    pauses too. A labelled negative for ``ecn_pfc_misorder`` (``expect_alert=False``)."""
+    switch: str
+    onset_s: float
+    offset_s: float = INF
+    level: float = 0.6
+    kind = "incast"
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.offset_s)
+        if not 0.0 < self.level <= 0.9:
+            raise ValueError(f"level must be in (0, 0.9], got {self.level!r}")
+
+
+@dataclass(frozen=True)
+class QueueDrops:
+    """A switch port's egress queue ``priority`` drops ``drops_per_s`` packets per second on a
+    live link (``queue<p>-dropped-pkts``). On a lossless priority (3: PFC-enabled) that is a
+    headroom or buffer misconfiguration, kind ``lossless_drop``; on a lossy one (0) it is
+    normal (``expect_alert=False``). (Drops that come with a link event, frames in flight
+    lost as a link goes down or up, the simulator adds to every port transition.)"""
+    switch: str
+    port: str
+    onset_s: float
+    offset_s: float = INF
+    priority: int = 3
+    drops_per_s: float = 50.0
+    kind = "lossless_drop"
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.offset_s)
+        if self.priority not in (0, 3) or not self.drops_per_s > 0:
+            raise ValueError("QueueDrops: priority must be 0 (lossy) or 3 (lossless), drops_per_s > 0")
+
+    @property
+    def lossless(self) -> bool:
+        return self.priority == 3
+
+
+@dataclass(frozen=True)
+class NicLosslessDrops:
+    """A NIC that discards ``drops_per_s`` received packets per second on lossless priority 3
+    (``rx_prio3_buf_discard``) on a live link: its receive buffer for the priority is too
+    small or PFC is off for it on the NIC (``mlnx_qos``), kind ``lossless_drop``."""
+    node: str
+    nic: str
+    onset_s: float
+    offset_s: float = INF
+    drops_per_s: float = 20.0
+    kind = "lossless_drop"
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.offset_s)
+        if not self.drops_per_s > 0:
+            raise ValueError("NicLosslessDrops: drops_per_s must be > 0")
+
+
 Fault = Union[LinkDowngrade, NicPcieDowngrade, GpuPcieDowngrade, LinkFlap, AdminToggle, PfcStorm,
               Straggler, GpuXid, EccUncorrectable, NodeReboot, ClockSkew, XidCascade, ApplicationXid,
               SwitchPfcStorm, PinnedCounter, LinkDown, SwitchLinkDown, NicAdminDown, EcmpPolarization, PfcDeadlock]
+Fault = Union[Fault, EcnAfterPause, Incast, QueueDrops, NicLosslessDrops]      # congestion tuning (issue 15)
 
 
 @dataclass(frozen=True)

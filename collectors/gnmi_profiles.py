@@ -186,6 +186,14 @@ _OC_QUEUE = "qos/interfaces/interface[interface-id={port}]/output/queues/queue[n
 _OC_QUEUES = [
     R(f"{_OC_QUEUE}/transmit-pkts", "queue{queue}-transmit-pkts"),
     R(f"{_OC_QUEUE}/transmit-octets", "queue{queue}-transmit-octets"),
+    # openconfig-qos queue state: packets the queue dropped (lossless_drop reads it)
+    R(f"{_OC_QUEUE}/dropped-pkts", "queue{queue}-dropped-pkts"),
+]
+# Cumulus Linux 5.x queue leaves beyond OpenConfig's (ecn_pfc_misorder, lossless_drop)
+_CUMULUS_QUEUES = [
+    R(f"{_OC_QUEUE}/ecn-marked-pkts", "queue{queue}-ecn-marked-pkts"),
+    R(f"{_OC_QUEUE}/no-buffer-uc-dropped-pkts", "queue{queue}-no-buffer-dropped-pkts"),
+    R(f"{_OC_QUEUE}/wred-dropped-pkts", "queue{queue}-wred-dropped-pkts"),
 ]
 _OC_SUBS = [
     ("/interfaces/interface[name=*]/state/counters", SAMPLE),
@@ -196,6 +204,11 @@ _OC_SUBS = [
 _OC_QUEUE_SUBS = [
     ("/qos/interfaces/interface[interface-id=*]/output/queues/queue[name=*]/state/transmit-pkts", SAMPLE),
     ("/qos/interfaces/interface[interface-id=*]/output/queues/queue[name=*]/state/transmit-octets", SAMPLE),
+    ("/qos/interfaces/interface[interface-id=*]/output/queues/queue[name=*]/state/dropped-pkts", SAMPLE),
+]
+_CUMULUS_QUEUE_SUBS = [
+    (f"/qos/interfaces/interface[interface-id=*]/output/queues/queue[name=*]/state/{leaf}", SAMPLE)
+    for leaf in ("ecn-marked-pkts", "no-buffer-uc-dropped-pkts", "wred-dropped-pkts")
 ]
 _OC_ROOTS = [_OC_IF]
 
@@ -261,6 +274,9 @@ PROFILES: dict[str, dict] = {
             R(f"{_SONIC_QUEUE}/SAI_QUEUE_STAT_PACKETS", "queue{queue}-transmit-pkts"),
             R(f"{_SONIC_QUEUE}/SAI_QUEUE_STAT_BYTES", "queue{queue}-transmit-octets"),
             R(f"{_SONIC_QUEUE}/SAI_QUEUE_STAT_CURR_OCCUPANCY_BYTES", "queue{queue}-occupancy-bytes", GAUGE, "gauge"),
+            # ECN-marked and dropped packets per queue (ecn_pfc_misorder, lossless_drop), raw
+            R(f"{_SONIC_QUEUE}/SAI_QUEUE_STAT_WRED_ECN_MARKED_PACKETS", "queue{queue}-ecn-marked-pkts"),
+            R(f"{_SONIC_QUEUE}/SAI_QUEUE_STAT_DROPPED_PACKETS", "queue{queue}-dropped-pkts"),
             R("PORT_TABLE/{**}/{port}/oper_status", "oper_up", GAUGE, "status_up", ON_CHANGE),
             R("PORT_TABLE/{**}/{port}/admin_status", "admin_up", GAUGE, "status_up", ON_CHANGE),
             R("PORT_TABLE/{**}/{port}/speed", "port_speed_gbps", GAUGE, "mbps_to_gbps", ON_CHANGE),
@@ -304,14 +320,14 @@ PROFILES: dict[str, dict] = {
                 ("/interfaces/interface[name=*]/state/admin-status", ON_CHANGE),
                 ("/interfaces/interface[name=*]/ethernet/state/port-speed", ON_CHANGE),
                 ("/qos/interfaces/interface[interface-id=*]/state/switch-priority", SAMPLE),
-            ] + _OC_QUEUE_SUBS},
+            ] + _OC_QUEUE_SUBS + _CUMULUS_QUEUE_SUBS},
             # nvidia-if-ethernet-ext per-priority PFC frames: documented for the NetQ agent.
             {"name": "pfc-ext", "optional": True, "paths": [
                 ("/interfaces/interface[name=*]/ethernet/state/counters/in-pfc{prio}-packets", SAMPLE),
                 ("/interfaces/interface[name=*]/ethernet/state/counters/out-pfc{prio}-packets", SAMPLE),
             ]},
         ],
-        "rules": _OC_COUNTERS + _OC_STATUS + _OC_QUEUES + [
+        "rules": _OC_COUNTERS + _OC_STATUS + _OC_QUEUES + _CUMULUS_QUEUES + [
             R(f"{_OC_IF}/ethernet/state/counters/carrier-transitions", "interface-transitions", mode=ON_CHANGE,
               rank=1),
             # "Number of pause packets for the priority class in the egress queue": sent -> tx

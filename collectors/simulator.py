@@ -59,6 +59,7 @@ from fabricwatch.collectors.faults import (
 )
 from fabricwatch.collectors.faults import ApplicationXid, PinnedCounter, SwitchPfcStorm, XidCascade
 from fabricwatch.collectors.faults import EcmpPolarization, PfcDeadlock
+from fabricwatch.collectors.faults import EcnAfterPause, Incast, NicLosslessDrops, QueueDrops
 from fabricwatch.counters import GPU_GAUGES, NIC_GAUGES, SWITCH_GAUGES, Overflow, spec_for
 from fabricwatch.models.linkrate import parse_ib_rate
 from fabricwatch.models.topology import Topology, rail_optimised
@@ -83,6 +84,9 @@ NIC_COUNTERS = (
     "tx_pause_storm_warning_events", "tx_pause_storm_error_events", "link_down_events_phy",
     "rx_corrected_bits_phy", "rx_bits_phy", "rx_pcs_symbol_err_phy",
 )
+# Receive discards on lossless priority 3 (mlx5 ethtool -S, the slow group): lossless_drop reads them.
+NIC_QUEUE_COUNTERS = ("rx_prio3_buf_discard",)
+NIC_COUNTERS = NIC_COUNTERS + NIC_QUEUE_COUNTERS
 GPU_COUNTERS = ("ecc_corrected_volatile_total", "ecc_uncorrected_volatile_total", "pcie_replay_total", "energy_mj")
 SWITCH_COUNTERS = (
     "in-octets", "out-octets", "in-pkts", "out-pkts", "in-errors", "in-discards", "out-discards",
@@ -93,6 +97,10 @@ SWITCH_COUNTERS = (
 # codewords all the time and loses none.
 SWITCH_FEC_COUNTERS = ("in-fec-correctable-frames", "in-fec-uncorrectable-frames")
 SWITCH_COUNTERS = SWITCH_COUNTERS + SWITCH_FEC_COUNTERS
+# Egress-queue ECN marks and drops (SONiC SAI queue stats, normalised): queue 3 is lossless
+# (PFC), queue 0 lossy best effort; issue 15's ecn_pfc_misorder and lossless_drop read them.
+SWITCH_QUEUE_COUNTERS = ("queue3-ecn-marked-pkts", "queue3-dropped-pkts", "queue0-dropped-pkts")
+SWITCH_COUNTERS = SWITCH_COUNTERS + SWITCH_QUEUE_COUNTERS
 SWITCH_PORT_GAUGES = tuple(SWITCH_GAUGES) + ("queue3-occupancy-bytes",)
 # SAI_PORT_STAT_PFC_3_TX_PAUSE_DURATION_US: SONiC exports it, EOS and Cumulus do not; the
 # simulator counts it always and exports it with ``switch_tx_pause_duration=True``.
@@ -130,6 +138,9 @@ PCIE_GEN_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 _DOWN_RATE = "40 Gb/sec (4X QDR)"  # what mlx5 prints for a RoCE port with no operational mode
 FAILOVER_COMM_SPEED = 0.5      # a NIC carrying two rails: that rail's share of a collective takes twice as long
 FAILING_LINK_FEC_UNCORRECTABLE_PER_S = 3.0   # post-FEC symbol errors of a link about to die [U]
+LINK_EVENT_DROPS = 5.0         # packets of each queue in flight lost at a link transition [U]
+LOSSY_DROPS_PER_S = 0.5        # best-effort queue 0 drops a little all the time (lossy by design) [U]
+UPLINK_MARK_PER_DUTY = 0.5     # CE-mark probability of a switch link's egress per unit of the pause duty it causes [U]
 
 _DGX_NIC_BDF = ("0000:18:00.0", "0000:40:00.0", "0000:4f:00.0", "0000:5e:00.0",
                 "0000:9a:00.0", "0000:c0:00.0", "0000:ce:00.0", "0000:dc:00.0")
@@ -375,6 +386,13 @@ class _FaultState:
     nic_admin_down: np.ndarray | None = None       # NIC shut on its host: netdev speed unreadable
     fec_unc_rate: np.ndarray | None = None         # extra post-FEC symbol errors per second (failing link)
     polarized: dict = field(default_factory=dict)  # leaf row -> spine columns its hash uses (EcmpPolarization)
+    # congestion tuning (EcnAfterPause, Incast, QueueDrops), per switch / switch port; None: no such fault
+    sw_ecn_factor: np.ndarray | None = None        # ECN marks a switch makes vs a healthy one
+    sw_pause_gain: np.ndarray | None = None        # its pauses vs a healthy one's (no DCQCN slowdown)
+    sw_level_floor: np.ndarray | None = None       # forced incast level
+    sw_quiet: np.ndarray | None = None             # no incast at all
+    q_drops: np.ndarray | None = None              # [switch port, (queue 3, queue 0)] drops per second
+    nic_q_drops: np.ndarray | None = None          # NIC port: priority-3 receive discards per second
 
 
 # --------------------------------------------------------------------------- simulator
@@ -451,6 +469,7 @@ class ClusterSimulator:
         self._ticks += 1
         t1 = self._ticks * self.interval_s     # no drift from repeated addition
         fs = self._resolve_faults(t0, t1)
+        self._resolve_congestion(fs, t0, t1)
         self._apply_reboots(fs, t0, t1)
         job_acc, steps = self._advance_jobs(fs, t0, t1)
         self._simulate_fabric(fs, job_acc, t0, t1)
@@ -730,6 +749,10 @@ class ClusterSimulator:
                     d = PfcStorm(((self._nodes[self._p_node[q]], self._p_eid[q]),), f.onset_s, f.offset_s)
                     out.append(d)
                     self._derived[id(d)] = f
+            elif isinstance(f, NicLosslessDrops):
+                self._nic_index(f.node, f.nic, "NicLosslessDrops")
+            elif isinstance(f, (EcnAfterPause, Incast, QueueDrops)):
+                self._check_congestion_fault(f)
             else:
                 raise TypeError(f"not a fault: {f!r}")
             out.append(f)
@@ -1045,6 +1068,102 @@ class ClusterSimulator:
             if on_now:
                 fs.sw_occ[sp] = max(fs.sw_occ[sp], rng.uniform(2e5, 1e6))
 
+    # ---------------------------------------------------------------- congestion tuning (issue 15)
+
+    def _check_congestion_fault(self, f) -> None:
+        if f.switch not in self._switches:
+            raise ValueError(f"{type(f).__name__}: unknown switch {f.switch!r}")
+        if isinstance(f, QueueDrops) and (f.switch, f.port) not in self._sp_key:
+            raise ValueError(f"QueueDrops: unknown switch port {f.switch}:{f.port}")
+        if isinstance(f, EcnAfterPause) and f.priority != 3:
+            raise ValueError("EcnAfterPause: the simulator's lossless priority is 3")
+
+    def _resolve_congestion(self, fs: _FaultState, t0: float, t1: float) -> None:
+        """`EcnAfterPause`, `Incast`, `QueueDrops` for [t0, t1): per switch, per switch port."""
+        faults = [f for f in self.faults if isinstance(f, (EcnAfterPause, Incast, QueueDrops, NicLosslessDrops))]
+        if not faults:
+            return
+        S, dt = len(self._switches), t1 - t0
+        index = {s: i for i, s in enumerate(self._switches)}
+        fs.sw_ecn_factor, fs.sw_pause_gain = np.ones(S), np.ones(S)
+        fs.sw_level_floor, fs.sw_quiet = np.zeros(S), np.zeros(S, bool)
+        fs.q_drops = np.zeros((self.SP, 2))
+        fs.nic_q_drops = np.zeros(self.P)
+        for f in faults:
+            frac = _overlap(f.onset_s, f.offset_s, t0, t1) / dt
+            if frac <= 0:
+                continue
+            if isinstance(f, NicLosslessDrops):
+                fs.nic_q_drops[self._p_key[(f.node, f.nic)]] += f.drops_per_s * frac
+                continue
+            if isinstance(f, QueueDrops):
+                fs.q_drops[self._sp_key[(f.switch, f.port)], 0 if f.lossless else 1] += f.drops_per_s * frac
+                continue
+            s = index[f.switch]
+            level = f.level if isinstance(f, Incast) else f.incast
+            fs.sw_level_floor[s] = max(fs.sw_level_floor[s], level * frac)
+            if isinstance(f, EcnAfterPause):
+                fs.sw_ecn_factor[s] = min(fs.sw_ecn_factor[s], 1 - frac + frac * f.marking_factor)
+                fs.sw_pause_gain[s] = max(fs.sw_pause_gain[s], 1 + frac * (f.pause_gain - 1))
+                fs.sw_quiet[s] |= f.quiet and frac >= 0.5
+
+    def _congestion_level(self, fs: _FaultState) -> np.ndarray:
+        """Each switch's incast level this tick: its episodes, forced up or silenced by faults."""
+        if fs.sw_level_floor is None:
+            return self._leaf_level
+        return np.maximum(self._leaf_level, fs.sw_level_floor) * ~fs.sw_quiet
+
+    def _queue_counters(self, fs: _FaultState, sinc: np.ndarray, marked: np.ndarray, q: np.ndarray,
+                        dl: np.ndarray, rdma_out_p: np.ndarray, sp_tx_us: np.ndarray, transitions: np.ndarray,
+                        dt: float) -> None:
+        """Egress queue 3's ECN marks and queues 3/0's drops, into the switch increments.
+
+        A leaf port facing a NIC marks what its NIC receives marked (the last hop of incast);
+        a switch link marks with the congestion its switch pauses for (a healthy switch marks
+        as it pauses), scaled down where its marking thresholds sit above XOFF. Every link
+        transition loses the frames in flight on each queue; queue 0 drops a little always.
+        """
+        sc, rng = _SC, self._q_rng
+        sw_duty = np.bincount(self._sp_switch, sp_tx_us, len(self._switches)) / np.maximum(
+            np.bincount(self._sp_switch, minlength=len(self._switches)), 1) / (dt * 1e6)
+        p_mark = np.clip(0.0015 + UPLINK_MARK_PER_DUTY * sw_duty[self._sp_switch], 0.0, 0.3)
+        if fs.sw_ecn_factor is not None:
+            p_mark = p_mark * fs.sw_ecn_factor[self._sp_switch]
+        marks = rdma_out_p * p_mark
+        marks[dl] = marked[q]
+        sinc[:, sc["queue3-ecn-marked-pkts"]] = marks
+        lost = transitions * LINK_EVENT_DROPS
+        extra = fs.q_drops if fs.q_drops is not None else np.zeros((self.SP, 2))
+        sinc[:, sc["queue3-dropped-pkts"]] = rng.poisson(extra[:, 0] * dt) + lost
+        sinc[:, sc["queue0-dropped-pkts"]] = rng.poisson((LOSSY_DROPS_PER_S + extra[:, 1]) * dt) + lost
+
+    def _nic_queue_drops(self, fs: _FaultState, inc: np.ndarray, dt: float) -> None:
+        """A NIC's priority-3 receive discards: a link that goes down loses what was in flight."""
+        lost = fs.down_events * LINK_EVENT_DROPS
+        if fs.nic_q_drops is not None:
+            lost = lost + self._q_rng.poisson(fs.nic_q_drops * dt)
+        inc[:, _NC["rx_prio3_buf_discard"]] = lost
+
+    def _congestion_truth(self, f) -> GroundTruth:
+        if isinstance(f, NicLosslessDrops):
+            return GroundTruth(f.kind, nic_path(f.node, f.nic), self._ns(f.onset_s), self._ns(f.offset_s),
+                               detail={"priority": 3, "lossless": True, "drops_per_s": f.drops_per_s, "nic": True})
+        if isinstance(f, QueueDrops):
+            return GroundTruth(f.kind, port_path(f.switch, f.port), self._ns(f.onset_s), self._ns(f.offset_s),
+                               expect_alert=f.lossless,
+                               detail={"priority": f.priority, "lossless": f.lossless, "drops_per_s": f.drops_per_s})
+        ports = self._switch_ports[self._switches.index(f.switch)]
+        nic = self._sp_peer_nic[ports]
+        busy = bool(np.any(self._p_has_flow[nic[nic >= 0]]))
+        if isinstance(f, Incast):
+            return GroundTruth(f.kind, f.switch, self._ns(f.onset_s), self._ns(f.offset_s), expect_alert=False,
+                               detail={"level": f.level, "busy": busy})
+        return GroundTruth(f.kind, f.switch, self._ns(f.onset_s), self._ns(f.offset_s),
+                           # a switch without incast never pauses: the misconfiguration cannot show
+                           expect_alert=busy and not f.quiet,
+                           detail={"priority": f.priority, "marking_factor": f.marking_factor, "quiet": f.quiet,
+                                   "incast": f.incast, "busy": busy})
+
     def _apply_pins(self, t0: float, t1: float) -> None:
         """`PinnedCounter`: stuck at all-ones while on, cleared to 0 at its offset."""
         for f in self.faults:
@@ -1154,6 +1273,11 @@ class ClusterSimulator:
         self._sp_ber = np.exp(self._fec_rng.normal(np.log(5e-8), 1.0, SP))
         self._sw.values[:, _SC["in-fec-correctable-frames"]] = np.floor(
             sw_up * self._sp_nominal_gbps * 1e9 * self._sp_ber).astype(np.uint64)
+        # queue ECN marks and drops: their own random stream too
+        self._q_rng = np.random.default_rng([self.seed, 0xECE])
+        self._sw.values[:, _SC["queue3-ecn-marked-pkts"]] = np.floor(
+            self._sw.values[:, _SC["queue3-transmit-pkts"]] * self._q_rng.uniform(1e-3, 5e-3, SP)).astype(np.uint64)
+        self._sw.values[:, _SC["queue0-dropped-pkts"]] = self._q_rng.integers(0, 5000, SP).astype(np.uint64)
         self._sw_gauges = np.zeros((SP, len(SWITCH_PORT_GAUGES)))
         # congestion processes
         S = len(self._switches)
@@ -1281,9 +1405,12 @@ class ClusterSimulator:
         self._leaf_left = np.where(start, rng.exponential(3.0, S), self._leaf_left - dt)
         self._leaf_level = np.where(start, np.clip(rng.lognormal(np.log(0.25), 0.7, S), 0, 0.9),
                                     np.where(self._leaf_left > 0, self._leaf_level, 0.0))
-        lvl = self._leaf_level[self._p_switch]
+        level = self._congestion_level(fs)
+        lvl = level[self._p_switch]
         base = np.where(rng.random(P) < 0.35, rng.exponential(0.03, P), 0.0)
         h_rx = np.clip(act * (base + lvl * rng.uniform(0.3, 1.5, P)), 0.0, 0.6)
+        if fs.sw_pause_gain is not None:     # a switch that pauses before marking pauses more (and a quiet one not)
+            h_rx = np.clip(h_rx * fs.sw_pause_gain[self._p_switch], 0.0, 0.6) * ~fs.sw_quiet[self._p_switch]
         # slow receivers: a NIC occasionally pauses its leaf for a little while
         s_start = (self._nic_slow_left <= 0) & (rng.random(P) < 1 - np.exp(-0.005 * dt))
         self._nic_slow_left = np.where(s_start, rng.exponential(2.0, P), self._nic_slow_left - dt)
@@ -1305,7 +1432,7 @@ class ClusterSimulator:
         sw_h = np.zeros(SP)
         link = self._is_link_sp
         if np.any(link):
-            peer_lvl = self._leaf_level[self._sp_switch[np.where(link, self._sp_peer_sp, 0)]]
+            peer_lvl = level[self._sp_switch[np.where(link, self._sp_peer_sp, 0)]]
             nl = int(link.sum())
             sw_h[link] = np.clip(0.25 * peer_lvl[link] * rng.uniform(0.2, 1.2, nl)
                                  + np.where(rng.random(nl) < 0.2, rng.exponential(0.004, nl), 0.0), 0.0, 0.4)
@@ -1366,6 +1493,8 @@ class ClusterSimulator:
         rx_frac = np.clip(rx / np.maximum(self._p_nominal_Bps * dt, 1.0), 0, 1)
         # --- ECN marks at the receiver, CNPs back to the senders
         mark_p = np.clip(0.0015 + 0.12 * lvl * rng.uniform(0.3, 1.5, P), 0, 0.3) * (rx_frac > 1e-4)
+        if fs.sw_ecn_factor is not None:     # CE marks come from the receiver's leaf
+            mark_p = mark_p * fs.sw_ecn_factor[self._p_switch]
         marked = (rx_pk - np.bincount(src, apk, P) if F else rx_pk) * mark_p   # data packets only
         cnp_sent = marked * rng.uniform(0.25, 0.45, P)
         if F:
@@ -1411,6 +1540,7 @@ class ClusterSimulator:
         inc[:, c["rx_corrected_bits_phy"]] = corrected
         inc[:, c["rx_bits_phy"]] = bits
         inc[:, c["rx_pcs_symbol_err_phy"]] = rng.poisson(np.where(m, 0.05, 0.0) * dt + fs.fec_unc_rate * dt, P)
+        self._nic_queue_drops(fs, inc, dt)
         live = ~fs.node_down[self._p_node] | (fs.up_frac > 0)
         self._nic.add(inc, rows=np.nonzero(live)[0])
         self._p_act = act
@@ -1479,6 +1609,7 @@ class ClusterSimulator:
         fec_lost = np.where(sm, 0.01, 0.0) * dt
         fec_lost[dl] += fs.fec_unc_rate[q] * dt      # the leaf end of a failing NIC cable loses codewords too
         sinc[:, sc["in-fec-uncorrectable-frames"]] = frng.poisson(fec_lost)
+        self._queue_counters(fs, sinc, marked, q, dl, rdma_out_p, sp_tx_us, fs.sp_transitions, dt)
         self._sw.add(sinc)
         # switch gauges
         sg = self._sw_gauges
@@ -1803,6 +1934,8 @@ class ClusterSimulator:
                 far = port_path(self._switches[self._sp_switch[peer]], self._sp_name[peer])
                 out.append(GroundTruth(f.kind, port_path(f.switch, f.port), self._ns(f.onset_s), self._ns(f.offset_s),
                                        related=(far,)))
+            elif isinstance(f, (EcnAfterPause, Incast, QueueDrops, NicLosslessDrops)):
+                out.append(self._congestion_truth(f))
         return out
 
 

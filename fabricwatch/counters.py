@@ -141,6 +141,25 @@ for _p in PFC_PRIORITIES:
         _spec(f"queue{_p}-transmit-pkts", 64, W, "packets"),
         _spec(f"queue{_p}-transmit-octets", 64, W, "bytes"),
     ]
+# ---- ECN marks and drops per queue / priority (ecn_pfc_misorder, lossless_drop; issue 15) ----
+# Switch egress queues: SONiC COUNTERS_DB SAI_QUEUE_STAT_WRED_ECN_MARKED_PACKETS and
+# SAI_QUEUE_STAT_DROPPED_PACKETS (uint64), OpenConfig qos ``dropped-pkts`` (counter64),
+# Cumulus ``ecn-marked-pkts`` / ``no-buffer-uc-dropped-pkts`` / ``wred-dropped-pkts``.
+# NIC: mlx5 ``ethtool -S`` per-priority receive discards and marks (64-bit software totals).
+for _p in PFC_PRIORITIES:
+    _SWITCH += [
+        _spec(f"queue{_p}-ecn-marked-pkts", 64, W, "packets"),
+        _spec(f"queue{_p}-dropped-pkts", 64, W, "packets"),
+        _spec(f"queue{_p}-no-buffer-dropped-pkts", 64, W, "packets"),
+        _spec(f"queue{_p}-wred-dropped-pkts", 64, W, "packets"),
+    ]
+    _ETHTOOL += [
+        _spec(f"rx_prio{_p}_buf_discard", 64, W, "packets"),
+        _spec(f"rx_prio{_p}_cong_discard", 64, W, "packets"),
+        _spec(f"rx_prio{_p}_discards", 64, W, "packets"),
+        _spec(f"rx_prio{_p}_marked", 64, W, "packets"),
+    ]
+# ---- end ECN marks and drops ------------------------------------------------------------------
 # ---- FEC (link_down helper, issue #14) ------------------------------------------------------
 # Forward error correction, IEEE 802.3 30.5.1.1.17/18 aFECCorrectedBlocks /
 # aFECUncorrectableBlocks. Switch: SAI port stats as SONiC's COUNTERS_DB names them

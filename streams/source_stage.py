@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from fabricwatch import metrics
 from fabricwatch.models.ecmp_imbalance import EcmpImbalanceDetector
+from fabricwatch.models.ecn_pfc_misorder import EcnPfcMisorderDetector
 from fabricwatch.models.fec import FecMemory
 from fabricwatch.models.findings import Finding
 from fabricwatch.models.frames import LayoutGroup, SourceBatch, layout_groups
@@ -41,6 +42,7 @@ from fabricwatch.models.health_tracker import HealthTracker
 from fabricwatch.models.link_down import LinkDownDetector
 from fabricwatch.models.link_downgrade import LinkDowngradeDetector
 from fabricwatch.models.link_flap import LinkFlapDetector
+from fabricwatch.models.lossless_drop import LosslessDropDetector
 from fabricwatch.models.pfc_storm import PauseStateChange, PfcWatchdog
 from fabricwatch.models.rates import RateTracker
 from fabricwatch.models.storm_locator import SOURCE_LIVENESS_MS, SOURCE_MAX_LAG_MS, SourceProgress
@@ -105,7 +107,9 @@ class SourceStage:
                                                nominal=facts.nominal, fec=fec)
         self.gpu_faults = GpuFaultDetector()
         self.detectors = [self.downgrade, LinkFlapDetector(topology, fec=fec), LinkDownDetector(topology, fec=fec),
-                          self.gpu_faults, UnknownAnomalyDetector(), EcmpImbalanceDetector(topology)]
+                          self.gpu_faults, UnknownAnomalyDetector(), EcmpImbalanceDetector(topology),
+                          # congestion tuning (issue 15): the peers of a switch are the switches of this stage
+                          EcnPfcMisorderDetector(topology), LosslessDropDetector()]
         self.watchdog = PfcWatchdog(config.pfc_detection_time_ms, config.pfc_restoration_time_ms)
         self.health = HealthTracker(topology=topology, nominal=facts.nominal)
         self.accounting = Accounting("telemetry", config.max_sample_age_s)

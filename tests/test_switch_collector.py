@@ -164,7 +164,7 @@ def test_sonic_json_string_values_queues_status_and_name_map():
     )
     assert t["Ethernet0"] == {
         "in-octets": 123, "in-pkts": 15, "pfc3-rx-pkts": 7, "pfc3-tx-pkts": 0, "pfc3-rx-pause-duration-us": 250,
-        "queue3-transmit-pkts": 11, "queue3-transmit-octets": 2200,
+        "queue3-transmit-pkts": 11, "queue3-transmit-octets": 2200, "queue3-dropped-pkts": 0,
         "port_speed_gbps": 400.0, "oper_up": 1.0, "admin_up": 1.0, "queue3-occupancy-bytes": 4096.0}
     assert t["Ethernet8"]["pfc3-tx-pkts"] == 42 and t["Ethernet8"]["out-octets"] == 77
     assert (t["Ethernet8"]["in-pkts"], t["Ethernet8"]["oper_up"], t["Ethernet8"]["port_speed_gbps"]) == (2, 0.0, 100.0)
@@ -184,6 +184,21 @@ def test_sonic_transmit_pause_duration_per_priority_travels_in_us():
     from fabricwatch.counters import spec_for
     assert (spec_for("pfc7-tx-pause-duration-us").unit, spec_for("pfc7-tx-pause-duration-us").rate_unit) == ("us",
                                                                                                            "s/s")
+
+
+def test_queue_ecn_marks_and_drops_per_profile():
+    """SONiC's SAI queue stats and Cumulus's queue leaves land as queue<p>-ecn-marked-pkts / -dropped-pkts."""
+    queues = {"Ethernet0:3": {"SAI_QUEUE_STAT_WRED_ECN_MARKED_PACKETS": "123456", "SAI_QUEUE_STAT_DROPPED_PACKETS": "7"},
+              "Ethernet0:0": {"SAI_QUEUE_STAT_DROPPED_PACKETS": "99"}}           # lossy queue, priority not configured
+    t = one_tick("sonic", notif([("COUNTERS/Ethernet0/Queues", queues)], target="COUNTERS_DB"), priorities=(3,))
+    assert t == {"Ethernet0": {"queue3-ecn-marked-pkts": 123_456, "queue3-dropped-pkts": 7}}
+    q = "/qos/interfaces/interface[interface-id=swp1]/output/queues/queue[name=3]/state/"
+    t = one_tick("cumulus", notif([(q + "ecn-marked-pkts", 50), (q + "no-buffer-uc-dropped-pkts", 2),
+                                   (q + "wred-dropped-pkts", 1)]), priorities=[3])
+    assert t == {"swp1": {"queue3-ecn-marked-pkts": 50, "queue3-no-buffer-dropped-pkts": 2,
+                          "queue3-wred-dropped-pkts": 1}}
+    t = one_tick("openconfig", notif([(q + "dropped-pkts", 4)]), priorities=[3])
+    assert t == {"swp1": {"queue3-dropped-pkts": 4}}
 
 
 def test_arista_pfc_frames_and_pause_time_converted_from_ns_to_us():

@@ -48,6 +48,7 @@ FABRICWATCH, STATIC, HST = "fabricwatch", "static rules", "river HST"
 DETECTORS = (FABRICWATCH, STATIC, HST)
 LABELLED_SUITES = ("fault_mix", "straggler", "pfc_storm", "must_not_fire", "link_down", "ecmp_imbalance",
                    "pfc_deadlock")
+LABELLED_SUITES += ("congestion",)       # ecn_pfc_misorder, lossless_drop (issue 15)
 CHUNK_S = 20.0                     # simulated seconds per replay call (bounds memory)
 STEP_TOLERANCE_NS = 10_000_000     # node clocks: +-5 ms
 
@@ -696,7 +697,7 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
         add(f"| {name} | {value} | {_verdict(ok)} |")
     add("")
     add("Precision, recall and F1 are over the labelled suites (fault mix, stragglers, PFC storms, dead "
-        "links, ECMP imbalance, PFC deadlocks and the must-not-fire cases); false alarms per node-hour are over the healthy runs only. Numbers that fall "
+        "links, ECMP imbalance, PFC deadlocks, congestion tuning and the must-not-fire cases); false alarms per node-hour are over the healthy runs only. Numbers that fall "
         "short are reported as they are.")
     add("")
     add("## Per fault class")

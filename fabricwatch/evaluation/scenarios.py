@@ -47,6 +47,16 @@ Suites (``suite`` field):
   down-up loop through two leaves and two spines, a leaf-spine loop), for 3-10 s; labelled
   negatives: a transient loop shorter than the hold, an ordinary storm from a stuck NIC (a
   tree of pauses with a source), SONiC's TX pause duration exported or not.
+* ``congestion`` (1 s, 8 nodes, 8 leaves): a leaf whose ECN marking thresholds sit above
+  XOFF (pauses under incast with 0, 1 or 5 % of the marks; with its own incast episodes or a
+  forced heavy incast), a leaf port dropping on lossless queue 3, a NIC discarding on
+  lossless priority 3 (``rx_prio3_buf_discard``); labelled negatives in the same
+  runs: heavy healthy incast on another leaf (marks first), a misordered leaf with no incast
+  at all (nothing pauses: invisible), drops on lossy queue 0, a NIC link that flaps
+  behind a leaf port (its queues and the NIC lose the frames in flight: a link event, not
+  the buffers),
+  and in every fourth run (240 s) a leaf port storming a busy NIC for ~65 s at the end
+  (one port's pauses without marks: a ``pfc_storm``, not incast).
 * ``healthy``: long noisy healthy runs for the false-alarm rate, sized in node-hours; one
   busy node in eight runs buggy code that throws application XIDs every 1-4 minutes.
 
@@ -78,6 +88,7 @@ from fabricwatch.collectors.faults import (
 )
 from fabricwatch.collectors.faults import ApplicationXid, PinnedCounter, SwitchPfcStorm, XidCascade
 from fabricwatch.collectors.faults import EcmpPolarization, PfcDeadlock
+from fabricwatch.collectors.faults import EcnAfterPause, Incast, NicLosslessDrops, QueueDrops
 from fabricwatch.collectors.simulator import DEFAULT_START_UNIX_NS, Cadence, ClusterSimulator, Job, auto_jobs
 from fabricwatch.models.topology import Topology, rail_optimised
 
@@ -100,9 +111,12 @@ _CLASS_OF_GT_KIND = {
     "link_down": "link_down",
     "ecmp_imbalance": "ecmp_imbalance",
     "pfc_deadlock": "pfc_deadlock",
+    "ecn_pfc_misorder": "ecn_pfc_misorder",
+    "lossless_drop": "lossless_drop",
 }
 FAULT_CLASSES = ("link_downgrade", "pcie_downgrade", "link_flap", "pfc_storm", "straggler", "gpu_xid",
                  "gpu_ecc_uncorrectable", "link_down", "ecmp_imbalance", "pfc_deadlock")
+FAULT_CLASSES += ("ecn_pfc_misorder", "lossless_drop")       # congestion tuning (issue 15)
 
 DOWNGRADE_RATES = ("200 Gb/sec (4X HDR)", "100 Gb/sec (4X EDR)", "400 Gb/sec (8X HDR)", "200 Gb/sec (2X NDR)")
 # Hardware and firmware XIDs of NVIDIA's catalog (`fabricwatch.xid`): the gpu_xid cases.
@@ -190,6 +204,7 @@ class SuiteConfig:
     healthy_fast_s: float = 60.0     # one healthy run at 0.1 s sampling (storm false alarms)
     ecmp_scenarios: int = 12         # x 2 polarized leaves: 24 cases
     deadlock_scenarios: int = 10     # x 2 pause loops: 20 cases
+    congestion_scenarios: int = 20   # one misordered leaf and one lossless-drop port each: 20 cases of each
 
 
 @lru_cache(maxsize=64)
@@ -554,6 +569,59 @@ def _deadlock(i: int, seed: int, duration_s: float = 30.0) -> Scenario:
                     + (" (TX pause duration exported)" if i % 3 == 1 else ""))
 
 
+# --------------------------------------------------------------------------- congestion tuning (issue 15)
+
+CONGESTION_VARIANTS = ("own_incast", "forced_incast", "late_onset")
+
+
+def _congestion(i: int, seed: int, n_nodes: int = 8, duration_s: float = 150.0) -> Scenario:
+    """A misordered leaf (variant by ``i``) and lossless drops on another leaf's port; negatives:
+    heavy healthy incast, a misordered leaf without incast (odd ``i``), lossy drops, a NIC link
+    flapping behind a third port (its transitions drop the frames in flight)."""
+    topo = _topology(n_nodes, n_nodes, 2)
+    rng = np.random.default_rng([seed, 0xEC])
+    leaves = [s for s, sw in topo.switches.items() if sw.role == "leaf"]
+    order = [leaves[k] for k in rng.permutation(len(leaves))]
+    bad, incast, drop_leaf, quiet = order[0], order[1], order[2], order[3]
+    variant = CONGESTION_VARIANTS[i % len(CONGESTION_VARIANTS)]
+    t = _frac(rng, 10.0, 20.0, 1.0) if variant != "late_onset" else _frac(rng, 50.0, 60.0, 1.0)
+    # no marks at all, 1 % of a healthy switch's, or 5 % (over the DCQCN floor at times: its peers decide)
+    factor = (0.0, 0.01, 0.05)[i // len(CONGESTION_VARIANTS) % 3]
+    faults: list[Fault] = [EcnAfterPause(bad, onset_s=t, incast=0.5 if variant == "forced_incast" else 0.0,
+                                         marking_factor=factor),
+                           Incast(incast, onset_s=_frac(rng, 10.0, 30.0, 1.0), offset_s=_frac(rng, 100.0, 140.0, 1.0))]
+    if i % 2:
+        faults.append(EcnAfterPause(quiet, onset_s=_frac(rng, 10.0, 30.0, 1.0), quiet=True))
+    nics = sorted((p for p in topo.nic_ports if p.switch == drop_leaf), key=lambda p: p.switch_port)
+    a, b, c = (nics[int(k)] for k in rng.choice(len(nics), 3, replace=False))
+    a, b = a.switch_port, b.switch_port
+    faults.append(QueueDrops(drop_leaf, a, onset_s=_frac(rng, 20.0, 60.0, 1.0),
+                             drops_per_s=float(rng.choice([0.5, 5.0, 50.0]))))
+    faults.append(QueueDrops(drop_leaf, b, onset_s=_frac(rng, 20.0, 60.0, 1.0), priority=0, drops_per_s=200.0))
+    # the NIC behind a third port flaps: its leaf port's queues lose the frames in flight (the link's drops)
+    faults.append(LinkFlap(c.node, c.entity_id, onset_s=_frac(rng, 30.0, 60.0, 1.0), down_s=float(rng.uniform(1, 4)),
+                           flaps=2, period_s=10.0))
+    # a NIC discarding on lossless priority 3 (its buffer or PFC config), behind a fifth leaf
+    nics = [p for p in topo.nic_ports if p.switch == order[5] and p.node != c.node]
+    d = nics[int(rng.integers(len(nics)))]
+    faults.append(NicLosslessDrops(d.node, d.entity_id, onset_s=_frac(rng, 20.0, 60.0, 1.0),
+                                   drops_per_s=float(rng.choice([1.0, 20.0]))))
+    if i % 4 == 3:
+        # after the rest, a leaf port storming a busy NIC for ~65 s: one port's pauses without
+        # marks, not incast (later, so that its stalled job does not hide the misordered leaf)
+        duration_s += 90.0
+        _, busy, _ = _jobs(topo, seed)
+        victim = next((p for p in topo.nic_ports if p.switch == order[4] and p.node in busy), None)
+        if victim is not None:
+            faults.append(SwitchPfcStorm(victim.switch, victim.switch_port, onset_s=_frac(rng, 150.0, 160.0, 1.0),
+                                         offset_s=_frac(rng, 215.0, 225.0, 1.0)))
+    return Scenario(f"congestion-{i:02d}-{variant}", "congestion", seed, n_nodes, 1.0, duration_s, tuple(faults),
+                    note=f"a leaf marking ECN above XOFF ({variant.replace('_', ' ')}), lossless drops on a leaf "
+                         "port; negatives: healthy heavy incast, lossy drops, drops as a NIC link flaps"
+                         + (", a misordered leaf without incast" if i % 2 else "")
+                         + (", then a leaf port storming a busy NIC for ~65 s" if i % 4 == 3 else ""))
+
+
 # --------------------------------------------------------------------------- must not fire
 
 
@@ -729,6 +797,7 @@ def build_suites(cfg: SuiteConfig | None = None) -> list[Scenario]:
     out.append(_storm_long(s0 + 450))
     out += [_link_down(i, s0 + 600 + i) for i in range(cfg.link_down_scenarios)]
     out += _at_collector_cadence(cfg, s0 + 700)
+    out += [_congestion(i, s0 + 800 + i) for i in range(cfg.congestion_scenarios)]
     out += _must_not_fire(s0 + 500)
     out += [_ecmp(i, s0 + 800 + i) for i in range(cfg.ecmp_scenarios)]
     out += [_deadlock(i, s0 + 900 + i) for i in range(cfg.deadlock_scenarios)]
