@@ -137,6 +137,9 @@ FAILING_LINK_FEC_UNCORRECTABLE_PER_S = 3.0   # post-FEC symbol errors of a link 
 NEVER_STEP = 1 << 62           # a step number no job reaches: "not blocked"
 # A small collective inside a long step (`LongStep`) completes this long after the ranks enter it.
 INNER_COLLECTIVE_S = 0.2
+# A job whose rank died (`RankLost`) is restarted by its scheduler from its checkpoint in this
+# long after the fault's offset (as a job is after an XID 79 or a crash).
+RANK_LOST_RESTART_S = 30.0
 
 _DGX_NIC_BDF = ("0000:18:00.0", "0000:40:00.0", "0000:4f:00.0", "0000:5e:00.0",
                 "0000:9a:00.0", "0000:c0:00.0", "0000:ce:00.0", "0000:dc:00.0")
@@ -305,7 +308,6 @@ class _Beats:
         self.windows: list[tuple[float, float, float]] = []  # long steps' small collectives
         self.no_entry[:] = NEVER_STEP
         self.silent_from[:] = INF
-        self._window = None
 
     def count_finished(self, finished) -> None:
         for start, busy, end, _ in finished:
@@ -313,7 +315,7 @@ class _Beats:
             self.done_t = end
             self.entered_t = start + np.asarray(busy, dtype=float)
 
-    def counters(self, r: int, tb: float, finished: list, open_, window) -> tuple:
+    def counters(self, r: int, tb: float, finished: list, open_) -> tuple:
         """(entered, completed, last entered, last completed, step) of rank ``r`` at ``tb``."""
         completed, last_c = self.done, self.done_t
         last_e = None if np.isnan(self.entered_t[r]) else float(self.entered_t[r])
@@ -328,8 +330,6 @@ class _Beats:
         if cur is not None and cur[0] + float(cur[1][r]) <= tb and cur[3] < self.no_entry[r]:
             entered += 1
             last_e = cur[0] + float(cur[1][r])
-        if window is not None and window not in self.windows:
-            self.windows.append(window)
         for w0, w1, every in self.windows:
             k_max = int((w1 - w0) // every)
             n_e = min(k_max, max(0, int(math.floor((tb - w0) / every - 0.5)) + 1))
@@ -1844,7 +1844,7 @@ class ClusterSimulator:
                     if isinstance(f, (RankStuck, RankLost)):
                         jr.block_step = NEVER_STEP
                     if isinstance(f, RankLost):       # the scheduler restarts the job from its checkpoint
-                        fs.job_restart_left[jr.index] = 30.0
+                        fs.job_restart_left[jr.index] = RANK_LOST_RESTART_S
 
     def _heartbeats(self, fs: _FaultState, steps: list, t0: float, t1: float) -> None:
         """Every rank's heartbeats due in [t0, t1) (every `HEARTBEAT_INTERVAL_S`, each rank at its
@@ -1867,6 +1867,8 @@ class ClusterSimulator:
                 hb.next_t[due] += HEARTBEAT_INTERVAL_S * np.ceil((t1 - hb.next_t[due]) / HEARTBEAT_INTERVAL_S)
                 continue
             done = finished.get(jr.index, [])
+            if jr.long_window is not None and jr.long_window not in hb.windows:
+                hb.windows.append(jr.long_window)
             open_ = (jr.step_start, jr.busy, None, jr.step) if jr.phase in ("ckpt", "compute", "comm") else None
             for r in np.nonzero(due)[0].tolist():
                 while hb.next_t[r] < t1:
@@ -1874,7 +1876,7 @@ class ClusterSimulator:
                     hb.next_t[r] += HEARTBEAT_INTERVAL_S
                     if tb >= hb.silent_from[r] or any(a <= tb < b for a, b in hb.pauses):
                         continue
-                    self._beats_out.append((jr, r, tb, *hb.counters(r, tb, done, open_, jr.long_window)))
+                    self._beats_out.append((jr, r, tb, *hb.counters(r, tb, done, open_)))
             hb.count_finished(done)
 
     def _heartbeats_by_node(self, skew_ns: np.ndarray) -> dict[int, list[pb.RankProgress]]:
@@ -1901,11 +1903,11 @@ class ClusterSimulator:
             jr = self._rank_fault_job(f)
             return [GroundTruth(f.kind, f"job/{jr.job.job_id}", self._ns(f.onset_s), self._ns(f.offset_s),
                                 expect_alert=False, detail={"duration_s": f.duration_s, "node": f.node})]
-        out = []
+        out: list[GroundTruth] = []
         end = getattr(f, "effective_offset_s", f.offset_s)
-        by_job: dict[int, list] = {}
         if end - f.onset_s < HANG_LABEL_MIN_S:     # too short to call a hang: no label
             return out
+        by_job: dict[int, list] = {}
         for jr, rank, root in self._culprits(f):
             by_job.setdefault(jr.index, []).append((jr, rank, root))
         for culprits in by_job.values():     # one hang per job (a storm from two of its ranks: either)
