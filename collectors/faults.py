@@ -9,7 +9,7 @@ NIC port id ``"mlx5_2/1"``, a GPU index, a switch and its port name.
 
 * NIC port ``"node-0003/mlx5_2/1"``; GPU ``"node-0003/gpu2"``; node ``"node-0003"``
 * switch port ``"leaf-u0-r2/Ethernet3"``
-* training rank ``"job/<job_id>/rank/<rank>"``
+* training rank ``"job/<job_id>/rank/<rank>"`` (a hang: its culprit); a whole job ``"job/<job_id>"``
 
 >>> f = PfcStorm(sources=(("node-0003", "mlx5_2/1"),), onset_s=12.0, offset_s=20.0)
 >>> f.duration_s, f.kind
@@ -714,6 +714,95 @@ Fault = Union[LinkDowngrade, NicPcieDowngrade, GpuPcieDowngrade, LinkFlap, Admin
               Straggler, GpuXid, EccUncorrectable, NodeReboot, ClockSkew, XidCascade, ApplicationXid,
               SwitchPfcStorm, PinnedCounter, LinkDown, SwitchLinkDown, NicAdminDown, EcmpPolarization, PfcDeadlock]
 Fault = Union[Fault, EcnAfterPause, Incast, QueueDrops, NicLosslessDrops]      # congestion tuning (issue 15)
+
+
+# -- hangs: one rank holds up its job's collective (rank side; labelled ``hang``) -------------
+# The probable roots of a hang, as the ground truth names them (and `models.hang` codes them).
+HANG_STUCK_PROCESS, HANG_PROCESS_LOST, HANG_XID, HANG_NIC_DOWN = "stuck_process", "process_lost", "xid", "nic_down"
+HANG_ROOTS = (HANG_STUCK_PROCESS, HANG_PROCESS_LOST, HANG_XID, HANG_NIC_DOWN)
+# A job stalled at least this long is labelled a hang (the NCCL watchdog's victims see one):
+# the longest normal stall of a collective, and long enough for a heartbeat-based detector
+# (5 s heartbeats) to tell. A shorter stall is labelled nothing: an alarm there is explained
+# by its root fault, where it has one.
+HANG_LABEL_MIN_S = 30.0
+
+
+@dataclass(frozen=True)
+class _RankFault:
+    """A fault of the training process on ``(node, gpu)`` from ``onset_s`` to ``offset_s``."""
+    node: str
+    gpu: int
+    onset_s: float
+    offset_s: float = INF
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.offset_s)
+
+
+@dataclass(frozen=True)
+class RankStuck(_RankFault):
+    """The rank on ``(node, gpu)`` stops entering collectives (a data-loader or Python deadlock,
+    a rank-dependent branch): it never enters the collective after the ones it had entered at
+    ``onset_s``; its peers enter it and wait inside; its heartbeats go on. At ``offset_s`` it
+    goes on (the job completes the collective)."""
+    kind = "rank_stuck"
+    root = HANG_STUCK_PROCESS
+
+
+@dataclass(frozen=True)
+class RankLost(_RankFault):
+    """The rank's process on ``(node, gpu)`` dies at ``onset_s`` (killed, OOM, segfault): its
+    heartbeats stop, it never completes its open collective; its peers wait in it. At
+    ``offset_s`` the scheduler restarts the job from its checkpoint (new processes)."""
+    kind = "rank_lost"
+    root = HANG_PROCESS_LOST
+
+
+@dataclass(frozen=True)
+class _JobStall:
+    """Something the job on ``node`` does for ``duration_s`` from ``onset_s`` that is no hang."""
+    node: str
+    onset_s: float
+    duration_s: float = 240.0
+
+    def __post_init__(self) -> None:
+        _check_times(self.onset_s, self.onset_s + self.duration_s)
+
+    @property
+    def offset_s(self) -> float:
+        return self.onset_s + self.duration_s
+
+
+@dataclass(frozen=True)
+class CheckpointStall(_JobStall):
+    """Not a hang: the job on ``node`` writes a checkpoint of ``duration_s`` from its first step
+    start at or after ``onset_s``: every rank is idle between collectives meanwhile."""
+    kind = "checkpoint_stall"
+
+
+@dataclass(frozen=True)
+class JobPause(_JobStall):
+    """Not a hang: the scheduler pauses the job on ``node`` (SIGSTOP, preemption) for
+    ``duration_s``: every rank's heartbeat stops together, then resumes where it was."""
+    duration_s: float = 120.0
+    kind = "job_pause"
+
+
+@dataclass(frozen=True)
+class LongStep(_JobStall):
+    """Not a hang: the job on ``node`` runs one long step of ``duration_s`` more compute from its
+    first step start at or after ``onset_s`` (gradient accumulation, a pipeline flush), with
+    small collectives completing every ``collective_every_s`` inside it."""
+    duration_s: float = 180.0
+    collective_every_s: float = 3.0
+    kind = "long_step"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 < self.collective_every_s < self.duration_s:
+            raise ValueError(f"collective_every_s must be in (0, duration_s), got {self.collective_every_s!r}")
+
+Fault = Union[Fault, RankStuck, RankLost, CheckpointStall, JobPause, LongStep]      # hangs and their negatives
 
 
 @dataclass(frozen=True)

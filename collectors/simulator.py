@@ -60,10 +60,15 @@ from fabricwatch.collectors.faults import (
 from fabricwatch.collectors.faults import ApplicationXid, PinnedCounter, SwitchPfcStorm, XidCascade
 from fabricwatch.collectors.faults import EcmpPolarization, PfcDeadlock
 from fabricwatch.collectors.faults import EcnAfterPause, Incast, NicLosslessDrops, QueueDrops
+from fabricwatch.collectors.faults import (
+    HANG_LABEL_MIN_S, HANG_NIC_DOWN, HANG_STUCK_PROCESS, HANG_XID, CheckpointStall, JobPause, LongStep, RankLost,
+    RankStuck,
+)
 from fabricwatch.counters import GPU_GAUGES, NIC_GAUGES, SWITCH_GAUGES, Overflow, spec_for
 from fabricwatch.models.linkrate import parse_ib_rate
 from fabricwatch.models.topology import Topology, rail_optimised
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
+from fabricwatch.rank import HEARTBEAT_INTERVAL_S
 from fabricwatch.xid import is_gpu_fault
 
 __all__ = [
@@ -141,6 +146,12 @@ FAILING_LINK_FEC_UNCORRECTABLE_PER_S = 3.0   # post-FEC symbol errors of a link 
 LINK_EVENT_DROPS = 5.0         # packets of each queue in flight lost at a link transition [U]
 LOSSY_DROPS_PER_S = 0.5        # best-effort queue 0 drops a little all the time (lossy by design) [U]
 UPLINK_MARK_PER_DUTY = 0.5     # CE-mark probability of a switch link's egress per unit of the pause duty it causes [U]
+NEVER_STEP = 1 << 62           # a step number no job reaches: "not blocked"
+# A small collective inside a long step (`LongStep`) completes this long after the ranks enter it.
+INNER_COLLECTIVE_S = 0.2
+# A job whose rank died (`RankLost`) is restarted by its scheduler from its checkpoint in this
+# long after the fault's offset (as a job is after an XID 79 or a crash).
+RANK_LOST_RESTART_S = 30.0
 
 _DGX_NIC_BDF = ("0000:18:00.0", "0000:40:00.0", "0000:4f:00.0", "0000:5e:00.0",
                 "0000:9a:00.0", "0000:c0:00.0", "0000:ce:00.0", "0000:dc:00.0")
@@ -282,6 +293,65 @@ class _JobRun:
         self.next_eval_t = job.eval_every_s - job.since_eval_s
         self.last_ckpt_step = job.first_step - 1
         self.restart_pending = False
+        # rank-side faults (`ClusterSimulator._resolve_rank_faults`): the step whose collective
+        # the job cannot complete (a rank never joins it), a checkpoint or a long step to come
+        self.block_step = NEVER_STEP
+        self.ckpt_override_s = 0.0
+        self.long_extra_s = 0.0
+        self.long_every_s = 0.0
+        self.long_window: tuple[float, float, float] | None = None
+
+
+class _Beats:
+    """One job's `RankProgress` state (the counters of its current processes)."""
+
+    def __init__(self, world: int, rng) -> None:
+        self.next_t = rng.uniform(0.0, HEARTBEAT_INTERVAL_S, world)   # each rank's next heartbeat
+        self.no_entry = np.full(world, NEVER_STEP, dtype=np.int64)    # a culprit never enters from this step
+        self.silent_from = np.full(world, INF)                         # a dead process sends nothing
+        self.pauses: list[tuple[float, float]] = []                    # the job stopped: nothing sent
+        self.restart()
+
+    def restart(self) -> None:
+        """New processes: counters from 0, nothing entered or completed yet."""
+        self.done = 0                     # collectives every rank completed (one per finished step)
+        self.done_t: float | None = None  # when the last of them completed
+        self.entered_t = np.full(len(self.next_t), np.nan)   # each rank's entry into it
+        self.windows: list[tuple[float, float, float]] = []  # long steps' small collectives
+        self.no_entry[:] = NEVER_STEP
+        self.silent_from[:] = INF
+
+    def count_finished(self, finished) -> None:
+        for start, busy, end, _ in finished:
+            self.done += 1
+            self.done_t = end
+            self.entered_t = start + np.asarray(busy, dtype=float)
+
+    def counters(self, r: int, tb: float, finished: list, open_) -> tuple:
+        """(entered, completed, last entered, last completed, step) of rank ``r`` at ``tb``."""
+        completed, last_c = self.done, self.done_t
+        last_e = None if np.isnan(self.entered_t[r]) else float(self.entered_t[r])
+        cur = open_
+        for start, busy, end, step in finished:
+            if end <= tb:
+                completed, last_c, last_e = completed + 1, end, start + float(busy[r])
+            else:
+                cur = (start, busy, end, step)
+                break
+        entered, step = completed, (cur[3] if cur is not None else (open_[3] if open_ is not None else 0))
+        if cur is not None and cur[0] + float(cur[1][r]) <= tb and cur[3] < self.no_entry[r]:
+            entered += 1
+            last_e = cur[0] + float(cur[1][r])
+        for w0, w1, every in self.windows:
+            k_max = int((w1 - w0) // every)
+            n_e = min(k_max, max(0, int(math.floor((tb - w0) / every - 0.5)) + 1))
+            n_c = min(k_max, max(0, int(math.floor((tb - INNER_COLLECTIVE_S - w0) / every - 0.5)) + 1))
+            entered, completed = entered + n_e, completed + n_c
+            if n_e:
+                last_e = max(last_e if last_e is not None else -INF, w0 + (n_e - 0.5) * every)
+            if n_c:
+                last_c = max(last_c if last_c is not None else -INF, w0 + (n_c - 0.5) * every + INNER_COLLECTIVE_S)
+        return entered, completed, last_e, last_c, step
 
 
 # --------------------------------------------------------------------------- helpers
@@ -447,6 +517,7 @@ class ClusterSimulator:
         self._build_flows()
         self.faults = self._expand_faults(list(faults))
         self._init_state()
+        self._init_heartbeats()
         self._storm_plan = {id(f): self._plan_storm(f) for f in self.faults if isinstance(f, PfcStorm)}
         self._truth = self._build_truth()
         self._build_static()
@@ -470,8 +541,10 @@ class ClusterSimulator:
         t1 = self._ticks * self.interval_s     # no drift from repeated addition
         fs = self._resolve_faults(t0, t1)
         self._resolve_congestion(fs, t0, t1)
+        self._resolve_rank_faults(fs, t0, t1)
         self._apply_reboots(fs, t0, t1)
         job_acc, steps = self._advance_jobs(fs, t0, t1)
+        self._heartbeats(fs, steps, t0, t1)
         self._simulate_fabric(fs, job_acc, t0, t1)
         self._apply_pins(t0, t1)
         self._simulate_gpus(fs, job_acc, t0, t1)
@@ -753,6 +826,8 @@ class ClusterSimulator:
                 self._nic_index(f.node, f.nic, "NicLosslessDrops")
             elif isinstance(f, (EcnAfterPause, Incast, QueueDrops)):
                 self._check_congestion_fault(f)
+            elif isinstance(f, (RankStuck, RankLost, CheckpointStall, JobPause, LongStep)):
+                self._rank_fault_job(f)
             else:
                 raise TypeError(f"not a fault: {f!r}")
             out.append(f)
@@ -1311,11 +1386,16 @@ class ClusterSimulator:
         busy = np.maximum(busy, 1e-3)
         ckpt_len = 0.0
         if t >= jr.next_ckpt_t:
-            ck = job.checkpoint_s * rng.uniform(0.9, 1.1) * rng.uniform(0.97, 1.0, jr.world)
+            ck = (jr.ckpt_override_s or job.checkpoint_s) * rng.uniform(0.9, 1.1) * rng.uniform(0.97, 1.0, jr.world)
+            jr.ckpt_override_s = 0.0
             ckpt_len = float(ck.max())
             busy = busy + ck
             jr.next_ckpt_t = t + job.checkpoint_every_s
             jr.last_ckpt_step = jr.step - 1
+        if jr.long_extra_s:          # a long step (`LongStep`): more compute on every rank
+            busy = busy + jr.long_extra_s
+            jr.long_window = (t + ckpt_len, t + ckpt_len + jr.long_extra_s, jr.long_every_s)
+            jr.long_extra_s = 0.0
         jr.busy = busy
         jr.ckpt_len = ckpt_len
         jr.comp_len = float(busy.max()) - ckpt_len
@@ -1346,7 +1426,7 @@ class ClusterSimulator:
             guard = 0
             while t < t1 - 1e-12 and guard < 10_000:
                 guard += 1
-                if stalled and jr.phase != "restart":
+                if (stalled or (jr.phase == "comm" and jr.step >= jr.block_step)) and jr.phase != "restart":
                     acc[j, 2] += t1 - t          # hung in (or waiting for) the collective
                     break
                 speed = speed_comm if jr.phase == "comm" else 1.0
@@ -1730,6 +1810,7 @@ class ClusterSimulator:
         skew_ns = np.round(node_off).astype(np.int64)
         node_ts = (t1_ns + skew_ns).tolist()
         steps_by_node = self._rank_steps_by_node(steps, skew_ns) if self.rank_steps else {}
+        beats_by_node = self._heartbeats_by_node(skew_ns) if self.rank_steps else {}
         rate_now, down_now, down_phys = self._fs_labels
         cadence = self.cadence
         full = cadence is None or self._ticks % cadence.full_every == 0
@@ -1750,6 +1831,7 @@ class ClusterSimulator:
                                labels=self._nic_netdev_labels[n])
                 self._events_into(pfc, fs, n, skew_ns)
                 pfc.rank_steps.extend(steps_by_node.get(n, ()))
+                pfc.rank_progress.extend(beats_by_node.get(n, ()))
                 out.append(pfc)
                 if not full:
                     continue
@@ -1771,6 +1853,7 @@ class ClusterSimulator:
             if cadence is None:
                 self._events_into(snap, fs, n, skew_ns)
                 snap.rank_steps.extend(steps_by_node.get(n, ()))
+                snap.rank_progress.extend(beats_by_node.get(n, ()))
             out.append(snap)
         if not full:
             return out
@@ -1812,6 +1895,180 @@ class ClusterSimulator:
                     job_id=jr.job.job_id, rank=r, world_size=world, node=self._nodes[node], local_gpu=gpu, step=step,
                     start_unix_ns=start_ns[r], step_seconds=step_s[r], busy_seconds=busy_s[r],
                     collective_wait_seconds=step_s[r] - busy_s[r]))
+        return out
+
+    # ---------------------------------------------------------------- ranks: heartbeats, hangs
+
+    def _init_heartbeats(self) -> None:
+        """Each job's `RankProgress` state; heartbeats spread over the period (own random stream)."""
+        rng = np.random.default_rng([self.seed, 0x4EA7])
+        self._hb = [_Beats(jr.world, rng) for jr in self._jobs]
+        self._beats_out: list = []
+
+    def _rank_of(self, node: str, gpu: int, what: str) -> tuple[_JobRun, int]:
+        """The job run and rank on (node, gpu)."""
+        g = self._gpu_index(node, gpu, what)
+        j = self._node_job[g // self.G]
+        if j < 0:
+            raise ValueError(f"{what}: node {node!r} runs no job")
+        jr = self._jobs[j]
+        k = int(np.nonzero(jr.node_idx == g // self.G)[0][0])
+        return jr, k * self.G + gpu
+
+    def _rank_fault_job(self, f) -> _JobRun:
+        if isinstance(f, (RankStuck, RankLost)):
+            return self._rank_of(f.node, f.gpu, type(f).__name__)[0]
+        n = self._node_idx.get(f.node)
+        if n is None or self._node_job[n] < 0:
+            raise ValueError(f"{type(f).__name__}: node {f.node!r} runs no job")
+        return self._jobs[self._node_job[n]]
+
+    def _no_entry_step(self, jr: _JobRun, rank: int, t: float) -> int:
+        """The first step whose collective ``rank`` had not entered by ``t``."""
+        if jr.phase in ("ckpt", "compute") and jr.step_start + jr.busy[rank] > t:
+            return jr.step
+        return jr.step + 1
+
+    def _culprits(self, f) -> list[tuple[_JobRun, int, str]]:
+        """(job run, rank, root) of the ranks that hold up their job's collective under ``f``."""
+        if isinstance(f, (RankStuck, RankLost)):
+            return [(*self._rank_of(f.node, f.gpu, type(f).__name__), f.root)]
+        if isinstance(f, GpuXid) and f.code in XID_GPU_LOST and self._node_job[self._node_idx[f.node]] >= 0:
+            return [(*self._rank_of(f.node, f.gpu, "GpuXid"), HANG_XID)]
+        if isinstance(f, (LinkDown, NicAdminDown)) and not (isinstance(f, LinkDown) and f.failover):
+            p = self._p_key[(f.node, f.nic)]
+            if self._node_job[self._p_node[p]] >= 0:
+                return [(*self._rank_of(f.node, int(self._p_gpu[p]), type(f).__name__), HANG_NIC_DOWN)]
+        if isinstance(f, AdminToggle):      # an operator shuts the leaf port of a busy NIC: no failover either
+            q = int(self._sp_peer_nic[self._sp_key[(f.switch, f.port)]])
+            if q >= 0 and self._node_job[self._p_node[q]] >= 0:
+                return [(*self._rank_of(self._nodes[self._p_node[q]], int(self._p_gpu[q]), "AdminToggle"),
+                         HANG_NIC_DOWN)]
+            return []
+        if isinstance(f, PfcStorm) and f.stuck_host and not f.xon_only:
+            out = []
+            for p in self._storm_plan[id(f)]["src"]:
+                if self._node_job[self._p_node[p]] >= 0:
+                    out.append((*self._rank_of(self._nodes[self._p_node[p]], int(self._p_gpu[p]), "PfcStorm"),
+                                HANG_STUCK_PROCESS))
+            return out
+        return []
+
+    def _resolve_rank_faults(self, fs: _FaultState, t0: float, t1: float) -> None:
+        """Rank-side faults for [t0, t1): a rank that never enters (or completes) its job's next
+        collective, a dead process, a job paused, a long checkpoint or step to come."""
+        for f in self.faults:
+            if _first_effect_s(f) > t1:
+                break
+            starts = t0 <= f.onset_s < t1
+            ends = t0 <= getattr(f, "effective_offset_s", f.offset_s) < t1
+            if isinstance(f, (CheckpointStall, LongStep, JobPause)):
+                jr = self._rank_fault_job(f)
+                if isinstance(f, JobPause):
+                    if _overlap(f.onset_s, f.offset_s, t0, t1) > 0:
+                        fs.job_stall[jr.index] = True      # stopped: nothing runs, nothing is sent
+                    if starts:
+                        self._hb[jr.index].pauses.append((f.onset_s, f.offset_s))
+                elif starts and isinstance(f, CheckpointStall):
+                    jr.next_ckpt_t = min(jr.next_ckpt_t, f.onset_s)
+                    jr.ckpt_override_s = f.duration_s
+                elif starts:
+                    jr.long_extra_s, jr.long_every_s = f.duration_s, f.collective_every_s
+                continue
+            if not (starts or ends):
+                continue
+            for jr, rank, root in self._culprits(f):
+                hb = self._hb[jr.index]
+                if starts and root != HANG_NIC_DOWN:
+                    # a rank that is not there never enters the collectives it had not entered yet
+                    # (one whose NIC is down enters them, and nobody completes them)
+                    hb.no_entry[rank] = min(hb.no_entry[rank], self._no_entry_step(jr, rank, f.onset_s))
+                    if isinstance(f, RankStuck):      # the job stops at that collective
+                        jr.block_step = min(jr.block_step, int(hb.no_entry[rank]))
+                    elif isinstance(f, RankLost):     # ... or at the one it died in
+                        jr.block_step = min(jr.block_step, jr.step + (jr.phase in ("eval", "restart")))
+                        hb.silent_from[rank] = f.onset_s
+                if ends:
+                    hb.no_entry[rank] = NEVER_STEP
+                    hb.silent_from[rank] = INF
+                    if isinstance(f, (RankStuck, RankLost)):
+                        jr.block_step = NEVER_STEP
+                    if isinstance(f, RankLost):       # the scheduler restarts the job from its checkpoint
+                        fs.job_restart_left[jr.index] = RANK_LOST_RESTART_S
+
+    def _heartbeats(self, fs: _FaultState, steps: list, t0: float, t1: float) -> None:
+        """Every rank's heartbeats due in [t0, t1) (every `HEARTBEAT_INTERVAL_S`, each rank at its
+        own phase), from the collectives its job entered and completed: one all-reduce per step
+        (a rank enters it when its compute ends, every rank completes it when the step ends),
+        plus a long step's small collectives."""
+        self._beats_out = []
+        finished: dict[int, list] = {}
+        for jr, step, start, seconds, busy in steps:
+            finished.setdefault(jr.index, []).append((start, busy, start + seconds, step))
+        for jr in self._jobs:
+            hb = self._hb[jr.index]
+            due = hb.next_t < t1
+            if not due.any():
+                hb.count_finished(finished.get(jr.index, ()))
+                continue
+            if jr.index in fs.job_restart_left or jr.phase == "restart":
+                hb.restart()                      # the processes are restarting: new counters, nothing sent
+                jr.block_step, jr.long_window = NEVER_STEP, None
+                hb.next_t[due] += HEARTBEAT_INTERVAL_S * np.ceil((t1 - hb.next_t[due]) / HEARTBEAT_INTERVAL_S)
+                continue
+            done = finished.get(jr.index, [])
+            if jr.long_window is not None and jr.long_window not in hb.windows:
+                hb.windows.append(jr.long_window)
+            open_ = (jr.step_start, jr.busy, None, jr.step) if jr.phase in ("ckpt", "compute", "comm") else None
+            for r in np.nonzero(due)[0].tolist():
+                while hb.next_t[r] < t1:
+                    tb = float(hb.next_t[r])
+                    hb.next_t[r] += HEARTBEAT_INTERVAL_S
+                    if tb >= hb.silent_from[r] or any(a <= tb < b for a, b in hb.pauses):
+                        continue
+                    self._beats_out.append((jr, r, tb, *hb.counters(r, tb, done, open_)))
+            hb.count_finished(done)
+
+    def _heartbeats_by_node(self, skew_ns: np.ndarray) -> dict[int, list[pb.RankProgress]]:
+        """This tick's heartbeats as `RankProgress` messages, on their node's clock, by node index."""
+        out: dict[int, list[pb.RankProgress]] = {}
+        base = self.start_unix_ns
+        for jr, r, tb, entered, completed, last_e, last_c, step in self._beats_out:
+            node = int(jr.rank_node[r])
+            skew = int(skew_ns[node])
+            out.setdefault(node, []).append(pb.RankProgress(
+                job_id=jr.job.job_id, rank=r, world_size=jr.world, node=self._nodes[node],
+                local_gpu=int(jr.rank_gpu[r]), time_unix_ns=base + int(round(tb * 1e9)) + skew,
+                collectives_entered=entered, collectives_completed=completed,
+                last_entered_unix_ns=base + int(round(last_e * 1e9)) + skew if last_e is not None else 0,
+                last_completed_unix_ns=base + int(round(last_c * 1e9)) + skew if last_c is not None else 0,
+                step=max(step, 0)))
+        return out
+
+    def _hang_truth(self, f) -> list[GroundTruth]:
+        """The hang a fault causes, on the rank that holds up its job (consequence of a GPU lost,
+        a NIC down without failover, a stuck storm source; or the rank fault itself), and the
+        must-not-fire job stalls (checkpoint, pause, long step)."""
+        if isinstance(f, (CheckpointStall, JobPause, LongStep)):
+            jr = self._rank_fault_job(f)
+            return [GroundTruth(f.kind, f"job/{jr.job.job_id}", self._ns(f.onset_s), self._ns(f.offset_s),
+                                expect_alert=False, detail={"duration_s": f.duration_s, "node": f.node})]
+        out: list[GroundTruth] = []
+        end = getattr(f, "effective_offset_s", f.offset_s)
+        if end - f.onset_s < HANG_LABEL_MIN_S:     # too short to call a hang: no label
+            return out
+        by_job: dict[int, list] = {}
+        for jr, rank, root in self._culprits(f):
+            by_job.setdefault(jr.index, []).append((jr, rank, root))
+        for culprits in by_job.values():     # one hang per job (a storm from two of its ranks: either)
+            jr, rank, root = culprits[0]
+            node, gpu = self._nodes[int(jr.rank_node[rank])], int(jr.rank_gpu[rank])
+            p = self._nic_of_gpu(node, gpu)
+            out.append(GroundTruth(
+                "hang", rank_path(jr.job.job_id, rank), self._ns(f.onset_s), self._ns(end),
+                victims=(f"job/{jr.job.job_id}",), related=(gpu_path(node, gpu), nic_path(node, self._p_eid[p])),
+                detail={"root": root, "node": node, "gpu": gpu, "rank": rank, "via": f.kind,
+                        "culprits": tuple(rank_path(jr.job.job_id, r) for _, r, _ in culprits)}))
         return out
 
     # ---------------------------------------------------------------- ground truth
@@ -1936,6 +2193,7 @@ class ClusterSimulator:
                                        related=(far,)))
             elif isinstance(f, (EcnAfterPause, Incast, QueueDrops, NicLosslessDrops)):
                 out.append(self._congestion_truth(f))
+            out += self._hang_truth(f)
         return out
 
 

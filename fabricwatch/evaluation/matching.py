@@ -12,12 +12,14 @@ Rules (one scenario, one detector at a time; only OPEN events count as alarms):
   same link, so an event there is the same incident (counted once, never twice). A storm
   named on a **victim** is a FP, and so is a ``gpu_xid`` on a sibling GPU that only logged
   XID 45 (preemptive cleanup) after the root fault. A straggler matches on job and rank (and on the node, when
-  the event names one). Delay = ``detected_unix_ns - onset_unix_ns`` of the first TP.
+  the event names one); a hang on its culprit rank (either, when two ranks hold the job up).
+  Delay = ``detected_unix_ns - onset_unix_ns`` of the first TP.
 * **Duplicate**: a further OPEN for a fault already detected (the NIC and its leaf port,
   a re-open after a resolve): neither TP nor FP.
 * **Explained**: an OPEN of a class that is a known *consequence* of an active fault, on an
   entity the fault touches (a straggler named on the node whose NIC was downgraded or
-  paused by a storm, an uncorrectable-ECC event with an XID 48/94/95 on that GPU): neither
+  paused by a storm, an uncorrectable-ECC event with an XID 48/94/95 on that GPU, a hang of a
+  job whose GPU was lost or whose NIC went down too briefly to be labelled one): neither
   TP nor FP, counted separately.
 * **FP**: every other OPEN, attributed to the class of its kind. Must-not-fire faults
   (``expect_alert=False``: admin toggle, reboot, XON flood, a storm shorter than T_detect,
@@ -61,9 +63,9 @@ CONSEQUENCES: dict[str, frozenset[str]] = {
     "link_downgrade": frozenset({"straggler"}),
     "pcie_downgrade": frozenset({"straggler"}),
     "link_flap": frozenset({"straggler"}),
-    "link_down": frozenset({"straggler"}),
-    "pfc_storm": frozenset({"straggler"}),
-    "gpu_xid": frozenset({"straggler"}),
+    "link_down": frozenset({"straggler", "hang"}),
+    "pfc_storm": frozenset({"straggler", "hang"}),
+    "gpu_xid": frozenset({"straggler", "hang"}),
     "gpu_ecc_uncorrectable": frozenset(),
     # the straggler's own cause, where it is an anomaly of its own on its node (its dead NIC)
     "straggler": frozenset({"link_flap", "link_down"}),
@@ -195,6 +197,8 @@ def _truths(gts: list[GroundTruth], interval_s: float, end_ns: int) -> list[_Tru
         sources = {gt.entity}
         if cls in _LINK_CLASSES:
             sources.update(gt.related)
+        if cls == "hang":                 # a job held up by two ranks at once (a two-port storm): either
+            sources.update(gt.detail.get("culprits", ()))
         job = rank = ""
         node = str(gt.detail.get("node", "")) if gt.detail else ""
         if gt.entity.startswith("job/"):

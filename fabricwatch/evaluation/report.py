@@ -49,6 +49,7 @@ DETECTORS = (FABRICWATCH, STATIC, HST)
 LABELLED_SUITES = ("fault_mix", "straggler", "pfc_storm", "must_not_fire", "link_down", "ecmp_imbalance",
                    "pfc_deadlock")
 LABELLED_SUITES += ("congestion",)       # ecn_pfc_misorder, lossless_drop (issue 15)
+LABELLED_SUITES += ("hang",)
 CHUNK_S = 20.0                     # simulated seconds per replay call (bounds memory)
 STEP_TOLERANCE_NS = 10_000_000     # node clocks: +-5 ms
 
@@ -62,6 +63,9 @@ TARGET_CAUSE_ACCURACY = 0.9
 # The simulator's straggler causes -> the cause code fabricwatch should give (the software
 # and hardware thermal slowdowns are both "thermal").
 STRAGGLER_CAUSE_CODE = {"sw_thermal": "thermal"}
+# Issue #15: a hung collective's culprit named within 60 s of the hang (the NCCL watchdog's
+# default timeout is 10 min), with its probable root right as often as a straggler's cause.
+TARGET_HANG_S = 60.0
 
 
 # --------------------------------------------------------------------------- running
@@ -251,6 +255,9 @@ class Scores:
     cause_confusion: Counter = field(default_factory=Counter)   # (true cause, given cause code)
     # fabricwatch's impact against the simulated jobs' loss, per suite (and "all"): `impact.ranking`
     impact_ranking: dict[str, dict] = field(default_factory=dict)
+    # fabricwatch: a hang's true root -> Counter(cases, named, correct), and the wrong answers
+    hang_roots: dict[str, Counter] = field(default_factory=dict)
+    hang_confusion: Counter = field(default_factory=Counter)
 
     def cause_accuracy(self) -> tuple[int, int]:
         """(correct, cases) over every injected straggler."""
@@ -277,6 +284,8 @@ def _bound_s(cls: str, interval_s: float) -> float | None:
         return (OPEN_WINDOWS + 1) * WINDOW_S + interval_s   # the persistence, a window of alignment, a sample
     if cls == "pfc_deadlock":                         # the watchdogs' detection, the hold, the watermark's step
         return T_DETECT_S + DEADLOCK_HOLD_MS / 1e3 + REPLAY_WINDOW_S + interval_s
+    if cls == "hang":
+        return TARGET_HANG_S
     return None
 
 
@@ -326,8 +335,9 @@ def score(runs: list[ScenarioRun], detectors: tuple[str, ...] = DETECTORS) -> Sc
             for ex, _ in m.explained:
                 cs[ex.kind].explained += 1
     causes, confusion = _straggler_causes(runs, matches)
+    roots, root_confusion = _named_causes(runs, matches, "hang", "root", {})
     return Scores({d: dict(v) for d, v in classes.items()}, matches, nh, healthy_fp, dict(nh_by_iv), causes, confusion,
-                  _impact_ranking(runs, matches) if FABRICWATCH in detectors else {})
+                  _impact_ranking(runs, matches) if FABRICWATCH in detectors else {}, roots, root_confusion)
 
 
 def _impact_ranking(runs: list[ScenarioRun], matches: dict) -> dict[str, dict]:
@@ -351,22 +361,29 @@ def _impact_ranking(runs: list[ScenarioRun], matches: dict) -> dict[str, dict]:
 
 def _straggler_causes(runs: list[ScenarioRun], matches: dict) -> tuple[dict[str, Counter], Counter]:
     """Per true cause of the injected stragglers: how many, how many named, how many with that cause."""
+    return _named_causes(runs, matches, "straggler", "cause", STRAGGLER_CAUSE_CODE)
+
+
+def _named_causes(runs: list[ScenarioRun], matches: dict, cls: str, key: str,
+                  code_of: dict[str, str]) -> tuple[dict[str, Counter], Counter]:
+    """Per true cause (``detail[key]``) of the expected faults of ``cls``: how many, how many
+    fabricwatch named, how many with that cause code (``code_of`` maps the truth's names)."""
     causes: dict[str, Counter] = defaultdict(Counter)
     confusion: Counter = Counter()
     for run in runs:
         m = matches.get((run.scenario.name, FABRICWATCH))
         if m is None or run.scenario.suite == "healthy":
             continue
-        given = {tp.gt_index: tp.cause for tp in m.tps if tp.cls == "straggler"}
+        given = {tp.gt_index: tp.cause for tp in m.tps if tp.cls == cls}
         for i, gt in enumerate(run.truths):
-            if gt.kind != "straggler" or not gt.expect_alert:
+            if gt.kind != cls or not gt.expect_alert:
                 continue
-            true = str(gt.detail.get("cause", ""))
+            true = str(gt.detail.get(key, ""))
             c = causes[true]
             c["cases"] += 1
             if i in given:
                 c["named"] += 1
-                ok = given[i] == STRAGGLER_CAUSE_CODE.get(true, true)
+                ok = given[i] == code_of.get(true, true)
                 c["correct"] += ok
                 if not ok:
                     confusion[(true, given[i] or "-")] += 1
@@ -606,6 +623,17 @@ def _targets(scores: Scores) -> list[tuple[str, str, bool | str | None]]:
     out.append((f"Straggler probable cause correct >= {TARGET_CAUSE_ACCURACY:g}",
                 f"{ok_n}/{cases} injected stragglers = {_f(accuracy)}" if cases else "no straggler injected",
                 None if accuracy is None else accuracy >= TARGET_CAUSE_ACCURACY))
+    s = fw.get("hang", ClassScore())
+    n, k = len(s.within_bound), sum(s.within_bound)
+    out.append((f"Hang culprit named within {TARGET_HANG_S:g} s of the hang",
+                f"{k}/{n} named within {TARGET_HANG_S:g} s (p95 {_delay(s.delays_s, 95)})" if n else "none named",
+                (k == n) if n else None))
+    ok_n = sum(c["correct"] for c in scores.hang_roots.values())
+    cases = sum(c["cases"] for c in scores.hang_roots.values())
+    accuracy = ok_n / cases if cases else None
+    out.append((f"Hang probable root correct >= {TARGET_CAUSE_ACCURACY:g}",
+                f"{ok_n}/{cases} hangs = {_f(accuracy)}" if cases else "no hang injected",
+                None if accuracy is None else accuracy >= TARGET_CAUSE_ACCURACY))
     nfp = sum(scores.healthy_fp[FABRICWATCH].values())
     nh = scores.healthy_node_hours
     rate = _per_1000(nfp, nh)
@@ -624,24 +652,33 @@ def _targets(scores: Scores) -> list[tuple[str, str, bool | str | None]]:
 
 
 def _cause_table(scores: Scores) -> list[str]:
-    """The straggler probable-cause table (fabricwatch)."""
-    if not scores.straggler_causes:
+    """The straggler probable-cause table and the hang probable-root table (fabricwatch)."""
+    out = _named_cause_table(
+        "straggler probable cause", "Per true cause of the injected stragglers: cases, how many fabricwatch named "
+        "(the straggler TP), how many with the right cause code (`cause_code` of its OPEN event; thermal and "
+        "software thermal are both `thermal`). Accuracy = correct / cases: a straggler never named has "
+        "no cause and counts as wrong.", scores.straggler_causes, scores.cause_confusion)
+    return out + _named_cause_table(
+        "hang probable root", "Per true root of the hung collectives (the simulator's label: a stuck process, "
+        "a dead one, the culprit's GPU lost to XID 79, its NIC link down without NCCL failover): cases, how many "
+        "fabricwatch named on the culprit rank (the hang TP), how many with that root as `cause_code`. A hang "
+        "never named counts as wrong.", scores.hang_roots, scores.hang_confusion)
+
+
+def _named_cause_table(title: str, intro: str, causes: dict[str, Counter], confusion: Counter) -> list[str]:
+    if not causes:
         return []
-    out = ["### straggler probable cause", "",
-           "Per true cause of the injected stragglers: cases, how many fabricwatch named (the straggler "
-           "TP), how many with the right cause code (`cause_code` of its OPEN event; thermal and "
-           "software thermal are both `thermal`). Accuracy = correct / cases: a straggler never named has "
-           "no cause and counts as wrong.", "",
+    out = [f"### {title}", "", intro, "",
            "| true cause | cases | named | correct | accuracy |", "|---|---|---|---|---|"]
-    for cause, c in sorted(scores.straggler_causes.items()):
+    for cause, c in sorted(causes.items()):
         out.append(f"| {cause} | {c['cases']} | {c['named']} | {c['correct']} | "
                    f"{_f(c['correct'] / c['cases'] if c['cases'] else None)} |")
-    ok_n, cases = scores.cause_accuracy()
-    named = sum(c["named"] for c in scores.straggler_causes.values())
+    ok_n, cases = sum(c["correct"] for c in causes.values()), sum(c["cases"] for c in causes.values())
+    named = sum(c["named"] for c in causes.values())
     out.append(f"| **overall** | {cases} | {named} | {ok_n} | {_f(ok_n / cases if cases else None)} |")
-    if scores.cause_confusion:
+    if confusion:
         out += ["", "Wrong answers (true cause -> given): " + ", ".join(
-            f"{t} -> {g} {n}" for (t, g), n in sorted(scores.cause_confusion.items())) + "."]
+            f"{t} -> {g} {n}" for (t, g), n in sorted(confusion.items())) + "."]
     return out + [""]
 
 
@@ -697,7 +734,7 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
         add(f"| {name} | {value} | {_verdict(ok)} |")
     add("")
     add("Precision, recall and F1 are over the labelled suites (fault mix, stragglers, PFC storms, dead "
-        "links, ECMP imbalance, PFC deadlocks, congestion tuning and the must-not-fire cases); false alarms per node-hour are over the healthy runs only. Numbers that fall "
+        "links, ECMP imbalance, PFC deadlocks, congestion tuning, hung collectives and the must-not-fire cases); false alarms per node-hour are over the healthy runs only. Numbers that fall "
         "short are reported as they are.")
     add("")
     add("## Per fault class")
@@ -708,7 +745,7 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
         "`detected - onset` over the TPs (stragglers also in training steps). Within bound: TPs within the "
         "class's delay target (storms: T_detect + 100 ms, judged on the 0.1 s suites; downgrades: one sampling "
         "interval; link down: its 30 s hold + 2 intervals; ECMP imbalance: 3 windows of 10 s + one window + one "
-        "interval; PFC deadlock: T_detect + its 1 s hold + one replay window + one interval; stragglers: 3 steps). "
+        "interval; PFC deadlock: T_detect + its 1 s hold + one replay window + one interval; stragglers: 3 steps; hangs: 60 s). "
         "Healthy FP: alarms of that "
         "class on the healthy runs (per 1000 node-hours).")
     add("")

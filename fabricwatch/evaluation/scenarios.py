@@ -29,8 +29,16 @@ Suites (``suite`` field):
 * ``link_down`` (1 s, 8 nodes): links that die and stay down for minutes: a NIC link with NCCL
   failing over to its sibling NIC, one without (the job hangs), one that shows uncorrectable
   FEC errors first, one that comes back; a leaf uplink; plus, in the same runs, an operator
-  shutting a leaf port (90 s) and a NIC on its host (80 s), which must not fire.
-* ``*-cadence`` (in their suites): three fault-mix, two straggler and two dead-link
+  shutting a leaf port (90 s) and a NIC on its host (80 s), which must not fire as link faults
+  (a job behind them hangs: that is a labelled ``hang``).
+* ``hang`` (1 s, 8 nodes): one rank holds up its job's collective, by root: a stuck process
+  (alive, never enters the next collective), a dead one (heartbeats stop), its GPU lost (XID
+  79: also a ``gpu_xid``), its NIC link down without NCCL failover (also a ``link_down``); in the
+  same run another job stalls without hanging (a long checkpoint with every rank idle, a job
+  paused by its scheduler, a long step whose small collectives keep completing: must not fire).
+  The hangs that other suites' faults cause (a NIC link down without failover, an operator
+  shutting a busy NIC's leaf port for minutes, a long storm from a stuck host) are labelled too.
+* ``*-cadence`` (in their suites): three fault-mix, two straggler, two dead-link and two hang
   scenarios again at the node collector's real cadence (PFC-only ticks every 100 ms between
   full snapshots every second): a tick without a column must say nothing about it.
 * ``must_not_fire``: storms shorter than T_detect, the NIC watchdog ending a storm after
@@ -68,7 +76,7 @@ Every scenario has its own seed (job placement, noise), entities are drawn per s
 >>> full = build_suites(SuiteConfig(healthy_node_hours=1.0))
 >>> counts = expected_case_counts(full)
 >>> all(counts[c] >= 20 for c in ("link_downgrade", "pcie_downgrade", "link_flap", "pfc_storm",
-...                               "straggler", "gpu_xid", "gpu_ecc_uncorrectable", "link_down"))
+...                               "straggler", "gpu_xid", "gpu_ecc_uncorrectable", "link_down", "hang"))
 True
 """
 from __future__ import annotations
@@ -89,6 +97,7 @@ from fabricwatch.collectors.faults import (
 from fabricwatch.collectors.faults import ApplicationXid, PinnedCounter, SwitchPfcStorm, XidCascade
 from fabricwatch.collectors.faults import EcmpPolarization, PfcDeadlock
 from fabricwatch.collectors.faults import EcnAfterPause, Incast, NicLosslessDrops, QueueDrops
+from fabricwatch.collectors.faults import CheckpointStall, JobPause, LongStep, RankLost, RankStuck
 from fabricwatch.collectors.simulator import DEFAULT_START_UNIX_NS, Cadence, ClusterSimulator, Job, auto_jobs
 from fabricwatch.models.topology import Topology, rail_optimised
 
@@ -113,10 +122,12 @@ _CLASS_OF_GT_KIND = {
     "pfc_deadlock": "pfc_deadlock",
     "ecn_pfc_misorder": "ecn_pfc_misorder",
     "lossless_drop": "lossless_drop",
+    "hang": "hang",
 }
 FAULT_CLASSES = ("link_downgrade", "pcie_downgrade", "link_flap", "pfc_storm", "straggler", "gpu_xid",
                  "gpu_ecc_uncorrectable", "link_down", "ecmp_imbalance", "pfc_deadlock")
 FAULT_CLASSES += ("ecn_pfc_misorder", "lossless_drop")       # congestion tuning (issue 15)
+FAULT_CLASSES += ("hang",)
 
 DOWNGRADE_RATES = ("200 Gb/sec (4X HDR)", "100 Gb/sec (4X EDR)", "400 Gb/sec (8X HDR)", "200 Gb/sec (2X NDR)")
 # Hardware and firmware XIDs of NVIDIA's catalog (`fabricwatch.xid`): the gpu_xid cases.
@@ -197,6 +208,8 @@ class SuiteConfig:
     cadence_mix_scenarios: int = 3   # the same kinds of scenario again at the collectors' cadence
     cadence_straggler_scenarios: int = 2
     cadence_link_down_scenarios: int = 2
+    hang_scenarios: int = 16         # one hang each (4 per root), a job stall that is no hang on another job
+    cadence_hang_scenarios: int = 2
     storm_pair_scenarios: int = 6    # x 2 sequential single-port storms
     healthy_node_hours: float = 8.0  # long healthy runs (1 s sampling) for false alarms
     healthy_nodes: int = 32
@@ -622,6 +635,53 @@ def _congestion(i: int, seed: int, n_nodes: int = 8, duration_s: float = 150.0) 
                          + (", then a leaf port storming a busy NIC for ~65 s" if i % 4 == 3 else ""))
 
 
+# --------------------------------------------------------------------------- hangs
+
+
+# The hang's root, by scenario index: a rank that never enters the next collective (alive), its
+# process dead (heartbeats stop), its GPU lost (XID 79), its NIC's link down without NCCL failover.
+HANG_VARIANTS = ("stuck_process", "process_lost", "xid", "nic_down")
+# Job stalls that are no hang, on another job of the same run: every rank idle between
+# collectives (a long checkpoint), every heartbeat stopped (the scheduler paused the job), a
+# long step whose small collectives keep completing.
+HANG_NEGATIVES = ("checkpoint_stall", "job_pause", "long_step")
+
+
+def _hang(i: int, seed: int, n_nodes: int = 8, duration_s: float = 180.0) -> Scenario:
+    """One rank holds up its job (root by ``i``); another job stalls without hanging."""
+    topo = _topology(n_nodes, n_nodes, 2)
+    jobs, _, _ = _jobs(topo, seed)
+    rng = np.random.default_rng([seed, 0x4A6])
+    order = sorted(jobs, key=lambda j: (-len(j.nodes), j.job_id))
+    victim, other = order[0], (order[1] if len(order) > 1 else None)
+    node = victim.nodes[int(rng.integers(len(victim.nodes)))]
+    gpu = int(rng.integers(GPUS))
+    variant = HANG_VARIANTS[i % len(HANG_VARIANTS)]
+    t = _frac(rng, 30.0, 50.0, 1.0)
+    faults: list[Fault] = []
+    if variant == "stuck_process":
+        faults.append(RankStuck(node, gpu, onset_s=t))
+    elif variant == "process_lost":
+        faults.append(RankLost(node, gpu, onset_s=t))
+    elif variant == "xid":
+        faults.append(GpuXid(node, gpu, 79, onset_s=t))
+    else:
+        faults.append(LinkDown(node, _nic(gpu), onset_s=t, failover=False))
+    negative = HANG_NEGATIVES[(i // len(HANG_VARIANTS) + i) % len(HANG_NEGATIVES)]
+    if other is not None:
+        on = other.nodes[int(rng.integers(len(other.nodes)))]
+        t2 = _frac(rng, 20.0, 40.0, 1.0)
+        if negative == "checkpoint_stall":
+            faults.append(CheckpointStall(on, onset_s=t2, duration_s=round(float(rng.uniform(90.0, 150.0)), 1)))
+        elif negative == "job_pause":
+            faults.append(JobPause(on, onset_s=t2, duration_s=round(float(rng.uniform(60.0, 110.0)), 1)))
+        else:
+            faults.append(LongStep(on, onset_s=t2, duration_s=round(float(rng.uniform(90.0, 140.0)), 1)))
+    return Scenario(f"hang-{i:02d}-{variant}", "hang", seed, n_nodes, 1.0, duration_s, tuple(faults),
+                    note=f"a hung collective ({variant.replace('_', ' ')} on {node} gpu{gpu})"
+                    + (f"; {negative.replace('_', ' ')} on another job" if other is not None else ""))
+
+
 # --------------------------------------------------------------------------- must not fire
 
 
@@ -635,7 +695,8 @@ def _at_collector_cadence(cfg: SuiteConfig, seed: int) -> list[Scenario]:
     """Fault-mix, straggler and dead-link scenarios again, sampled as the collectors sample."""
     built = ([_fault_mix(i, seed + i) for i in range(cfg.cadence_mix_scenarios)]
              + [_stragglers(i, seed + 20 + i) for i in range(cfg.cadence_straggler_scenarios)]
-             + [_link_down(i, seed + 40 + i) for i in range(cfg.cadence_link_down_scenarios)])
+             + [_link_down(i, seed + 40 + i) for i in range(cfg.cadence_link_down_scenarios)]
+             + [_hang(i, seed + 60 + i) for i in range(cfg.cadence_hang_scenarios)])
     return [dataclasses.replace(sc, name=f"{sc.name}-cadence", pfc_interval_s=COLLECTOR_PFC_INTERVAL_S,
                                 note=f"{sc.note}; at the collectors' cadence (PFC-only ticks every 100 ms)")
             for sc in built]
@@ -796,6 +857,7 @@ def build_suites(cfg: SuiteConfig | None = None) -> list[Scenario]:
     out += [_storm_multi(kind, i, s0 + 400 + i) for i, kind in enumerate(multi)]
     out.append(_storm_long(s0 + 450))
     out += [_link_down(i, s0 + 600 + i) for i in range(cfg.link_down_scenarios)]
+    out += [_hang(i, s0 + 800 + i) for i in range(cfg.hang_scenarios)]
     out += _at_collector_cadence(cfg, s0 + 700)
     out += [_congestion(i, s0 + 800 + i) for i in range(cfg.congestion_scenarios)]
     out += _must_not_fire(s0 + 500)
