@@ -602,8 +602,11 @@ class ClusterSimulator:
             start = len(sp_name)
             for pname in sorted(ports[s], key=_natural_key):
                 kind, ref, speed = ports[s][pname]
-                sp_switch.append(sw_idx[s]); sp_name.append(pname); sp_kind.append(kind)
-                sp_ref.append(ref); sp_speed.append(speed)
+                sp_switch.append(sw_idx[s])
+                sp_name.append(pname)
+                sp_kind.append(kind)
+                sp_ref.append(ref)
+                sp_speed.append(speed)
             self._switch_ports.append(np.arange(start, len(sp_name), dtype=np.int64))
         SP = len(sp_name)
         self.SP = SP
@@ -688,8 +691,10 @@ class ClusterSimulator:
                 for i, n in enumerate(order):
                     m = order[(i + 1) % len(order)]
                     for k in range(k_max):
-                        src.append(self._node_ports[n][k]); dst.append(self._node_ports[m][k])
-                        w.append(0.5); fjob.append(jr.index)
+                        src.append(self._node_ports[n][k])
+                        dst.append(self._node_ports[m][k])
+                        w.append(0.5)
+                        fjob.append(jr.index)
         self._f_src = np.array(src, dtype=np.int64)
         self._f_dst = np.array(dst, dtype=np.int64)
         self._f_w = np.array(w, dtype=float)

@@ -169,7 +169,7 @@ def build(summary: FabricSummary, events: Iterable[ev.AnomalyEvent], title: str 
 
 def _hints(latest, opened) -> Section:
     rows = []
-    for key, e in sorted(latest.items(), key=lambda kv: -kv[1].impact_gpu_hours):
+    for _key, e in sorted(latest.items(), key=lambda kv: -kv[1].impact_gpu_hours):
         if not e.suggested_action:
             continue
         state = "open" if e.lifecycle != ev.LIFECYCLE_RESOLVED else "resolved"

@@ -256,7 +256,7 @@ class HealthTracker:
                 pcie = _pcie_low(stack.gauge_names, stack.gauges)
                 if pcie is not None:
                     self._pcie(node, stack, list(stack.ids), NIC_PCIE, *pcie)
-        for tick, events in batch.events.items():
+        for _tick, events in batch.events.items():
             for e in events:
                 if e.kind == "xid":
                     node.events.append(HealthEvent(self._gpu_name(node, e.entity_id, -1), XID, e.code, e.time_ns,

@@ -218,9 +218,11 @@ def _layout(kind: str, counters: tuple[str, ...], gauges: tuple[str, ...]) -> _L
             nan_pos.append(len(gather) - 1)
     for by_bytes, by_packets in traffic:
         if by_bytes in col:
-            gather.append(col[by_bytes]); scale.append(1.0)
+            gather.append(col[by_bytes])
+            scale.append(1.0)
         else:
-            gather.append(col.get(by_packets, 0)); scale.append(MAX_WIRE_PACKET_BYTES)
+            gather.append(col.get(by_packets, 0))
+            scale.append(MAX_WIRE_PACKET_BYTES)
             if by_packets not in col:
                 zero_pos.append(len(gather) - 1)
     gather.append(col.get(wait, 0))

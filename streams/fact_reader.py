@@ -68,7 +68,7 @@ class FactReader:
                 while True:
                     batches = await consumer.getmany(timeout_ms=200, max_records=MAX_RECORDS)
                     before = self.book.watermark_ns
-                    for tp, records in batches.items():
+                    for _tp, records in batches.items():
                         for r in records:
                             self._apply(r.value)
                     if self.book.watermark_ns > before:

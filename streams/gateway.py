@@ -168,7 +168,7 @@ class KafkaSink:
             except Exception as exc:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(fresh.stop(), timeout=5)
-                raise BrokerUnavailable(f"Kafka at {self.bootstrap} answers but the producer did not start: {exc}")
+                raise BrokerUnavailable(f"Kafka at {self.bootstrap} answers but the producer did not start: {exc}") from exc
             self.producer = fresh
             log.warning("Kafka broker reachable again at %s: writing", self.bootstrap)
             return fresh
@@ -295,7 +295,7 @@ class IngestService(pb_grpc.IngestServicer):
 
         try:
             raw = b""
-            async for raw in request_iterator:      # a unary call: exactly one message
+            async for raw in request_iterator:      # noqa: B007 - a unary call: exactly one message, used below
                 break
             # the read slot is held until the batch is admitted: a message read waits in memory
             # for room only within the token's max_concurrent_reads

@@ -256,7 +256,7 @@ def test_misuse_and_failed_steps_never_raise(clock):
         with pytest.raises(ZeroDivisionError):  # the training error propagates; the step is not recorded
             with r.step():
                 clock.t += 0.1
-                1 / 0
+                raise ZeroDivisionError("the step's own code fails")
         assert r.stats["steps"] == 0
         r.step_begin(7)
         r.step_begin(8)                         # 7 never ended: discarded
@@ -577,7 +577,7 @@ def inspector_dump(tmp_path: Path, *, verbose: bool = True, steps: int = 8, per_
     end = {r: T0_US for r in ranks}
     lines: dict[int, list[dict]] = {r: [] for r in ranks}
     sn = 100
-    for step in range(steps):
+    for _step in range(steps):
         for i in range(per_step):
             arrive = {r: end[r] + (BUSY_US[r] if i == 0 else 0) for r in ranks}
             done = max(arrive.values()) + XFER_US

@@ -288,7 +288,7 @@ def test_auto_jobs_fill_most_nodes_and_steps_look_synchronous():
             for r in s.rank_steps:
                 steps[(r.job_id, r.step)].append(r)
     assert {j for j, _ in steps} == {j.job_id for j in jobs}
-    for (job_id, step), ranks in steps.items():
+    for (_job_id, _step), ranks in steps.items():
         world = ranks[0].world_size
         if len(ranks) != world:
             continue
@@ -429,7 +429,7 @@ def test_straggler_busy_and_wait_relation():
     assert gt.entity == f"job/job-a/rank/{slow_rank}" and gt.victims == ("job/job-a",)
     assert gt.related == ("node-0002/gpu3",) and gt.detail["cause"] == "thermal"
     before, after = [], []
-    for step, ranks in sorted(steps.items()):
+    for _step, ranks in sorted(steps.items()):
         assert len(ranks) == 24 and len({r.step_seconds for r in ranks}) == 1       # one wall clock
         for r in ranks:
             assert r.busy_seconds + r.collective_wait_seconds == pytest.approx(r.step_seconds)

@@ -201,7 +201,7 @@ def test_validation_time_grows_linearly_with_repeated_and_bad_rows():
         block = snap.blocks.add(entity_kind=pb.ENTITY_KIND_GPU, gauge_names=["temperature_c"],
                                 entity_ids=[f"gpu{i}" if i % 2 else "bad id" for i in range(n)],
                                 gauges=[50.0] * n)
-        for j in range(MAX_LABEL_COLUMNS):
+        for _j in range(MAX_LABEL_COLUMNS):
             block.labels.add(name="dup", values=["x"] * n)
         for i in range(n):
             snap.events.add(entity_id="gpu0", kind="" if i % 2 else "xid")

@@ -1,0 +1,18 @@
+"""The whole tree passes ruff: pyflakes, pycodestyle's errors and warnings, bugbear
+(pyproject.toml ``[tool.ruff]`` says which rules and why some are off)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_ruff_finds_nothing():
+    pytest.importorskip("ruff", reason="ruff is in the test extras: pip install -e '.[test]'")
+    out = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", str(ROOT)],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
