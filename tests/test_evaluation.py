@@ -115,6 +115,17 @@ def test_consequences_are_explained_not_false_positives():
     assert [f.cls for f in m.fns] == ["link_downgrade"]
 
 
+def test_a_hang_named_on_any_rank_of_a_job_a_storm_stalls_is_explained():
+    """A storm that holds one node of a job stalls the whole job's collective: every rank is
+    stuck alike and the hang detector names one of them, on whatever node."""
+    hang = event("hang", 22.0, job="job-001", rank="21", node="node-0004", device="gpu5")
+    placed = {"job-001": ("node-0002", "node-0003", "node-0004")}
+    m = match(dets(hang), [STORM], 0.1, END, placed)
+    assert len(m.explained) == 1 and not m.fps
+    elsewhere = match(dets(hang), [STORM], 0.1, END, {"job-001": ("node-0004", "node-0007")})
+    assert [f.cls for f in elsewhere.fps] == ["hang"] and not elsewhere.explained
+
+
 def test_must_not_fire_alarm_is_a_false_positive_and_never_a_miss():
     toggle = GroundTruth("admin_toggle", "leaf-u0-r3/Ethernet3", T0 + 5 * S, T0 + 8 * S,
                          related=("node-0004/mlx5_3/1",), expect_alert=False)

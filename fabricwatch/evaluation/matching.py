@@ -43,6 +43,7 @@ Rules (one scenario, one detector at a time; only OPEN events count as alarms):
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from fabricwatch.collectors.faults import GroundTruth
@@ -221,7 +222,7 @@ def _is_source(t: _Truth, d: Detection) -> bool:
     return d.entity in t.sources
 
 
-def _explains(t: _Truth, d: Detection, cls: str) -> bool:
+def _explains(t: _Truth, d: Detection, cls: str, job_nodes: Mapping[str, tuple[str, ...]]) -> bool:
     if not t.gt.expect_alert or t.cls is None:
         return False
     if t.cls == "gpu_xid" and cls == "gpu_ecc_uncorrectable":
@@ -229,11 +230,18 @@ def _explains(t: _Truth, d: Detection, cls: str) -> bool:
     if cls not in CONSEQUENCES.get(t.cls, ()):
         return False
     node = d.node or _node_of(d.entity)
+    if cls == "hang" and d.job in job_nodes:
+        # a fault that stalls one node stalls its whole job's collective: when every rank is
+        # stuck alike the detector names one of them, not necessarily the fault's node
+        return any(n in t.footprint_nodes for n in job_nodes[d.job])
     return bool(node) and node in t.footprint_nodes
 
 
-def match(detections: list[Detection | None], gts: list[GroundTruth], interval_s: float, end_ns: int) -> Match:
-    """Score one scenario's OPEN detections (None entries are skipped) against its ground truth."""
+def match(detections: list[Detection | None], gts: list[GroundTruth], interval_s: float, end_ns: int,
+          job_nodes: Mapping[str, tuple[str, ...]] | None = None) -> Match:
+    """Score one scenario's OPEN detections (None entries are skipped) against its ground truth;
+    ``job_nodes``: the jobs' nodes (a hang is explained by a fault on any node of its job)."""
+    job_nodes = job_nodes or {}
     truths = _truths(gts, interval_s, end_ns)
     m = Match()
     detected: dict[int, TruePositive] = {}
@@ -253,7 +261,7 @@ def match(detections: list[Detection | None], gts: list[GroundTruth], interval_s
             else:
                 m.duplicates.append(d)
             continue
-        why = next((t for t in active if _explains(t, d, cls)), None)
+        why = next((t for t in active if _explains(t, d, cls, job_nodes)), None)
         if why is not None:
             m.explained.append((d, why.index))
             continue

@@ -85,6 +85,7 @@ class ScenarioRun:
     hst_scores: np.ndarray | None = None      # histogram of every HST score (SCORE_BINS bins over [0, 1])
     # fabricwatch: dedup key -> its last event's (GPU-hours lost, GPU-hours per hour, detected ns)
     impact: dict[str, tuple[float, float, int]] = field(default_factory=dict)
+    job_nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)   # the simulated jobs' placements
 
 
 def run_scenario(sc: Scenario, detectors: tuple[str, ...] = DETECTORS) -> ScenarioRun:
@@ -173,7 +174,8 @@ def run_scenario(sc: Scenario, detectors: tuple[str, ...] = DETECTORS) -> Scenar
                            {j: sorted(p) for j, p in progress.items()}, sc.simulator_start_ns, sim.now_unix_ns)
     truths = [replace(gt, gpu_hours_lost=x) for gt, x in zip(truths, lost)]
     return ScenarioRun(sc, truths, dets, life, dict(steps), sim.now_unix_ns, n_snap, dict(seconds), stats,
-                       hst.score_hist if hst is not None else None, impact)
+                       hst.score_hist if hst is not None else None, impact,
+                       {j.job_id: tuple(j.nodes) for j in sim.jobs})
 
 
 def _run_one(args) -> ScenarioRun:
@@ -301,7 +303,7 @@ def score(runs: list[ScenarioRun], detectors: tuple[str, ...] = DETECTORS) -> Sc
             nh += sc.node_hours
             nh_by_iv[sc.interval_s] += sc.node_hours
         for d in detectors:
-            m = match(run.detections.get(d, []), run.truths, sc.interval_s, run.end_ns)
+            m = match(run.detections.get(d, []), run.truths, sc.interval_s, run.end_ns, run.job_nodes)
             matches[(sc.name, d)] = m
             cs = classes[d]
             if sc.suite == "healthy":
