@@ -486,14 +486,16 @@ class ClusterSimulator:
     switch_tx_pause_duration : the switches export ``pfc3-tx-pause-duration-us`` (SONiC's
         SAI ``PFC_3_TX_PAUSE_DURATION_US``); off: only frame counts, as EOS and Cumulus.
     ecmp_spread : each leaf spreads its spine-bound traffic evenly over the spines, with a
-        few per cent of jitter per uplink and tick (a working hash over many QPs); off: each
-        flow takes the one spine of a static (src, dst) hash. An `EcmpPolarization` implies it.
+        few per cent of jitter per uplink and tick (a working hash over many QPs: the default,
+        as a healthy fabric is); off: each flow takes the one spine of a static (src, dst)
+        hash, which sends a rail's remote flows to one spine (a polarized fabric). An
+        `EcmpPolarization` implies it.
     """
 
     def __init__(self, topology: Topology, *, seed: int = 0, start_unix_ns: int = DEFAULT_START_UNIX_NS,
                  jobs: list[Job] | None = None, faults=(), interval_s: float = 1.0,
                  rank_steps: bool = True, cadence: Cadence | None = None,
-                 switch_tx_pause_duration: bool = False, ecmp_spread: bool = False) -> None:
+                 switch_tx_pause_duration: bool = False, ecmp_spread: bool = True) -> None:
         if cadence is not None:
             interval_s = cadence.pfc_interval_s
         self.cadence = cadence

@@ -165,7 +165,7 @@ class Scenario:
     # 0: every tick is a full snapshot, every `interval_s`. > 0: the collectors' cadence,
     # PFC-only ticks every `pfc_interval_s` between full snapshots every `interval_s`.
     pfc_interval_s: float = 0.0
-    ecmp_spread: bool = False   # leaves spread their spine traffic over every spine (`ClusterSimulator`)
+    ecmp_spread: bool = True    # leaves spread their spine traffic over every spine (`ClusterSimulator`)
 
     def topology(self) -> Topology:
         return _topology(self.n_nodes, self.nodes_per_unit or min(32, self.n_nodes), self.n_spines)
