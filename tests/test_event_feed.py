@@ -13,7 +13,7 @@ import uuid
 import grpc
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from helpers import nic_snapshot, telemetry_value
+from helpers import nic_snapshot, telemetry_value, wait_caught_up
 
 from fabricwatch.localtls import ensure_self_signed
 from fabricwatch.protos.v1 import events_pb2 as ev
@@ -388,8 +388,11 @@ async def test_the_worker_writes_cloudevents_headers_that_the_feed_serves(kafka_
     await reader.start()
     for tp in reader.assignment():
         await reader.position(tp)
-    worker = start_worker(kafka_bootstrap, tmp_path, f"fw-ce-{uuid.uuid4().hex[:8]}")
+    group = f"fw-ce-{uuid.uuid4().hex[:8]}"
+    worker = start_worker(kafka_bootstrap, tmp_path, group)
     try:
+        # a fresh group reads the session broker's whole history first: drained before the 90 s below
+        await wait_caught_up(kafka_bootstrap, group, [], 600)
         async with feed_server(kafka_bootstrap, credentials) as feed, channel(feed, credentials) as stub:
             subscriber = Reader(stub, fpb.SubscribeRequest(kinds=["link_downgrade"], cluster=cluster),
                                 credentials[2]).start()

@@ -576,6 +576,9 @@ async def test_worker_catching_up_on_a_backlog_marks_stale_findings_and_reraises
         worker = Worker(broker.bootstrap, tmp_path, app_id, "behind-worker", "--stale-after",
                         str(STALE_AFTER_S)).start()
         try:
+            # the backlog (and the module's earlier scenarios) drained first: what comes next is
+            # live, whatever ran before in this module
+            await wait_caught_up(broker.bootstrap, app_id, [worker], CATCH_UP_TIMEOUT_S)
             await send(sender, downgrade(live_node, time.time_ns())
                        + downgrade(skewed_node, time.time_ns() - 150 * S))
             nodes = {old_node, live_node, skewed_node}
