@@ -55,6 +55,21 @@ def slack_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+# What can start a link, an image, emphasis, code, raw HTML or a new cell inside a line
+# (`_` is left: names are full of it, and intraword emphasis does not exist in GFM).
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*\[\]|<>])")
+
+
+def markdown_text(text: str) -> str:
+    r"""Inert text inside CommonMark/GFM (a report's table cell): one line, every markup character
+    backslash-escaped, so a name cannot become a link, an image, emphasis or a new cell.
+
+    >>> print(markdown_text("leaf-1 [click](http://x.example) | **URGENT**"))
+    leaf-1 \[click\](http\[:\]//x.example) \| \*\*URGENT\*\*
+    """
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", untrusted(text))
+
+
 def markup_neutral(text: str) -> str:
     """WeCom markdown / Feishu markup characters as full-width look-alikes (no escape syntax exists)."""
     return text.translate(_MARKUP)

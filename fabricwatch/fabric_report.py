@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fabricwatch.actions.escape import markdown_text
 from fabricwatch.models.fabric_summary import FabricSummary, PortTotals
 from fabricwatch.models.topology import Topology
 from fabricwatch.protos.v1 import events_pb2 as ev
@@ -70,7 +71,8 @@ class Report:
             out += [*s.text, ""] if s.text else []
             for t in s.tables:
                 out += ["| " + " | ".join(t.headers) + " |", "|" + "---|" * len(t.headers)]
-                out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in t.rows]
+                # cells hold names and summaries the senders chose: inert, never markup
+                out += ["| " + " | ".join(map(markdown_text, row)) + " |" for row in t.rows]
                 out.append("")
             for name, png in s.figures:
                 if figures_dir is not None:

@@ -153,6 +153,12 @@ WORKER_CAUGHT_UP = _metric("worker", Gauge,
 WORKER_FACTS_WATERMARK_LAG = _metric("worker", Gauge,
     "fabricwatch_worker_facts_watermark_lag_seconds",
     "Wall clock minus the low watermark of stage 1 over every telemetry partition (how far node health trails).")
+WORKER_STATE_REFUSED = _metric("worker", Counter,
+    "fabricwatch_worker_state_refused_total",
+    "Entities refused at a worker state cap (ids come from the senders; a cap keeps id churn from growing "
+    "the worker and its checkpoint): sources, nodes, jobs, hang_jobs, hang_ranks, clusters, rate_layouts "
+    "(the oldest block layout of a source evicted).",
+    ["bound"])
 WORKER_HELD_RANK_STEPS = _metric("worker", Gauge,
     "fabricwatch_worker_held_rank_step_records",
     "Rank-step records held until node health covers them (stage 3's event-time join).")

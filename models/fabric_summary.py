@@ -69,8 +69,13 @@ _COMPILED = [(re.compile(f.pattern), _INDEX[f.name]) for f in FAMILIES]
 # Ports summed at most (a 100,000-GPU fabric has about 250,000): beyond, new ids are refused
 # and counted (the ids come from the senders).
 MAX_PORTS = 500_000
-# Per-second timeline of each switch's pause frames kept for at most this many seconds.
+# ... and at most this many of one source (a switch has ~64-512): one sender inventing ids
+# cannot crowd out the others' ports.
+MAX_PORTS_PER_SOURCE = 4_096
+# Per-second timeline of each switch's pause frames kept for at most this many seconds,
+# and this many (switch, second) points in all (~100 B each).
 MAX_TIMELINE_S = 86_400
+MAX_TIMELINE_POINTS = 500_000
 
 
 def _weights(names: tuple[str, ...]) -> np.ndarray:
@@ -120,6 +125,8 @@ class FabricSummary:
         self.pause_timeline: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
         self._rates = RateTracker()
         self._weights: dict[tuple[str, ...], np.ndarray] = {}
+        self._ports_of: Counter[tuple[str, str]] = Counter()     # (cluster, source) -> ports summed
+        self._timeline_points = 0
 
     @property
     def seconds(self) -> float:
@@ -148,16 +155,23 @@ class FabricSummary:
                 key = (batch.cluster, batch.source, entity)
                 port = self.ports.get(key)
                 if port is None:
-                    if len(self.ports) >= self.max_ports:
+                    if len(self.ports) >= self.max_ports or self._ports_of[key[:2]] >= MAX_PORTS_PER_SOURCE:
                         self.stats["ports_refused"] += 1
                         continue
+                    self._ports_of[key[:2]] += 1
                     port = self.ports[key] = PortTotals()
                 port.values += totals[i]
             if batch.source_kind == "switch" and w[:, pause_col].any():
                 line = self.pause_timeline[batch.source]
                 for t_ns, frames in zip(stack.times_ns.tolist(), per_tick[:, :, pause_col].sum(axis=1).tolist()):
-                    if frames and len(line) < MAX_TIMELINE_S:
-                        line[t_ns // 1_000_000_000] += frames
+                    second = t_ns // 1_000_000_000
+                    if frames and second not in line:
+                        if len(line) >= MAX_TIMELINE_S or self._timeline_points >= MAX_TIMELINE_POINTS:
+                            self.stats["timeline_points_refused"] += 1
+                            continue
+                        self._timeline_points += 1
+                    if frames:
+                        line[second] += frames
 
     def by_source(self, kind: str) -> dict[tuple[str, str], PortTotals]:
         """Per (cluster, source) of ``kind`` ("switch" or "node"): the sum over its ports."""

@@ -96,6 +96,10 @@ JOB_SWEEP_S = 10.0          # look for ended jobs at most this often (event time
 # every rank on each of them is quadratic. Healthy jobs never get that far (one comparison).
 CHECK_INTERVAL_S = 1.0
 MAX_JOBS = 100_000          # jobs followed per detector; beyond, new ones are refused (counted)
+# Ranks followed per detector, all jobs together (about 500 B each): four per GPU of a
+# 100,000-GPU cluster. A node may claim any rank of any job (its token binds only the node),
+# so without a bound fresh (job, rank) pairs would grow the worker and its checkpoint.
+MAX_RANKS = 400_000
 MAX_GROUPS_SHOWN = 4        # (entered, completed) groups spelled out in the evidence
 MIN_WORLD_SIZE = 2          # one rank waits for nobody
 # Causes a hang's culprit is looked up for, in order: the GPU lost, its NIC link down.
@@ -158,6 +162,8 @@ class HangDetector:
     hang_after_floor_s, hang_median_factor, hang_after_cap_s : the hang threshold.
     heartbeat_lost_s : a rank's heartbeat this old means its process is gone.
     job_gone_s : a job silent this long has ended.
+    max_ranks : ranks followed at most, all jobs together; beyond, new ones are refused
+        (``stats["ranks_refused"]``).
     """
 
     health: HealthBook | None = None
@@ -167,11 +173,13 @@ class HangDetector:
     hang_after_cap_s: float = HANG_AFTER_CAP_S
     heartbeat_lost_s: float = HEARTBEAT_LOST_S
     job_gone_s: float = JOB_GONE_S
+    max_ranks: int = MAX_RANKS
     stats: Counter = field(default_factory=Counter, repr=False)
     _jobs: dict[str, _Job] = field(default_factory=dict, repr=False)
     _clusters: dict[str, str] = field(default_factory=dict, repr=False)
     _now_ns: int = field(default=0, repr=False)
     _last_sweep_ns: int = field(default=0, repr=False)
+    _ranks_followed: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.hang_after_floor_s <= self.hang_after_cap_s:
@@ -214,6 +222,7 @@ class HangDetector:
         horizon = self._now_ns - int(self.job_gone_s * 1e9)
         for job_id in [j for j, job in self._jobs.items() if job.now_ns < horizon]:
             job = self._jobs.pop(job_id)
+            self._ranks_followed -= len(job.ranks)
             self.stats["jobs_forgotten"] += 1
             if job.open is not None:
                 out.append(self._resolved(job, job.now_ns, "job ended"))
@@ -258,8 +267,16 @@ class HangDetector:
                 self.stats["counter_restarts"] += 1
                 if job.open is not None:
                     out.append(self._resolved(job, max(job.now_ns, p.time_ns), "the job restarted"))
+                self._ranks_followed -= len(job.ranks)
                 job.ranks.clear()
+                prev = None
                 job.epoch_ns, job.max_completed, job.last_completion_ns = None, -1, 0
+            if prev is None:
+                if self._ranks_followed >= self.max_ranks:
+                    self.stats["ranks_refused"] += 1
+                    self._now_ns = max(self._now_ns, p.time_ns)     # time still passes: jobs end
+                    continue
+                self._ranks_followed += 1
             if job.ranks and p.time_ns - job.now_ns > lost_ns:
                 # the job's newest heartbeat before this one is that old: every heartbeat had
                 # stopped (SIGSTOP, preemption) and this is the first one back

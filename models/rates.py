@@ -13,6 +13,11 @@ never a nominal interval. Each counter's width and overflow behaviour comes from
   (the samples where it got there);
 * a sample not newer than the previous one (duplicate, out of order) is refused.
 
+State is kept per (source, block layout), and a layout holds the sender's entity ids: at
+most `MAX_LAYOUTS_PER_SOURCE` layouts of one source are kept (the oldest learnt goes first,
+counted in ``stats["layouts_evicted"]``), so a sender naming fresh ids in every snapshot
+cannot grow the tracker, or the checkpoint that holds it, without bound.
+
 >>> import numpy as np
 >>> from fabricwatch.models.frames import EntityFrame
 >>> def frame(words, t_s):
@@ -32,7 +37,7 @@ True
 """
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +49,11 @@ from .frames import EntityFrame, FrameStack, LayoutGroup
 # A wrap is only believed if the wrapped delta is under this fraction of the counter's
 # range; a larger "wrap" is far likelier to be a reset to a small value.
 MAX_WRAP_FRACTION = 0.5
+# Block layouts (entity ids x column names) kept per source. An honest node or switch sends
+# a handful (one per entity kind, the PFC-only ticks' own, a switch answering some paths).
+MAX_LAYOUTS_PER_SOURCE = 32
+# Distinct column-name tuples whose specs are cached (names come from the sender too).
+MAX_SPECS_CACHED = 1024
 
 
 @dataclass
@@ -70,16 +80,39 @@ def _column_specs(names: tuple[str, ...]) -> _ColumnSpecs:
 class RateTracker:
     """Keeps the previous totals of every (source, block layout) and fills `frame.rates`."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_layouts_per_source: int = MAX_LAYOUTS_PER_SOURCE) -> None:
+        self.max_layouts_per_source = max_layouts_per_source
         self._last: dict[tuple, tuple[int, np.ndarray]] = {}
+        self._layouts: dict[str, deque[tuple]] = {}        # source -> its keys of `_last`, oldest first
         self._specs: dict[tuple[str, ...], _ColumnSpecs] = {}
         self.stats: Counter[str] = Counter()
+
+    def __setstate__(self, state: dict) -> None:
+        # a checkpoint from before layouts were bounded
+        self.__dict__.update(state)
+        if "_layouts" not in state:
+            self.max_layouts_per_source = MAX_LAYOUTS_PER_SOURCE
+            self._layouts = {}
+            for key in self._last:
+                self._layouts.setdefault(key[0], deque()).append(key)
 
     def _specs_for(self, names: tuple[str, ...]) -> _ColumnSpecs:
         specs = self._specs.get(names)
         if specs is None:
+            if len(self._specs) >= MAX_SPECS_CACHED:
+                self._specs.clear()              # a cache: rebuilt on demand
             specs = self._specs[names] = _column_specs(names)
         return specs
+
+    def _remember(self, key: tuple, sample: tuple[int, np.ndarray]) -> None:
+        """Keep ``sample`` as the last of ``key``; a new layout past its source's bound evicts the oldest."""
+        if key not in self._last:
+            layouts = self._layouts.setdefault(key[0], deque())
+            layouts.append(key)
+            if len(layouts) > self.max_layouts_per_source:
+                del self._last[layouts.popleft()]
+                self.stats["layouts_evicted"] += 1
+        self._last[key] = sample
 
     def update(self, source: str, frame: EntityFrame, time_ns: int) -> bool:
         """Fill `frame.rates` / `frame.dt_s`; False if no rate could be derived.
@@ -119,7 +152,7 @@ class RateTracker:
                 if first == t:
                     return False
         # a copy: `cur` may view the record's bytes, which must not stay alive with the state
-        self._last[key] = (int(times[-1]), cur[-1].copy())
+        self._remember(key, (int(times[-1]), cur[-1].copy()))
         if prev is None:
             if t == 1:
                 return True
@@ -192,7 +225,7 @@ class RateTracker:
             key = (source, kind, ids, names)
             prev = self._last.get(key)
             if prev is None or prev[0] < times[j]:
-                self._last[key] = (int(times[j]), cur[j].copy())
+                self._remember(key, (int(times[j]), cur[j].copy()))
 
     def _deltas(self, now: np.ndarray, before: np.ndarray, specs, primed: np.ndarray | None = None) -> np.ndarray:
         """Counter increases [rows, n, m] as float64: wraps undone, resets and saturated
@@ -220,5 +253,5 @@ class RateTracker:
 
     def forget(self, source: str) -> None:
         """Drop the state of a source (decommissioned node)."""
-        for key in [k for k in self._last if k[0] == source]:
-            del self._last[key]
+        for key in self._layouts.pop(source, ()):
+            self._last.pop(key, None)

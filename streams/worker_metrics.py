@@ -23,6 +23,7 @@ from .fact_reader import FactReader
 from .handlers import StageHandlers
 from .partitions import PartitionStates
 from .source_stage import SourceStage
+from .storm_stage import StormStage
 from .straggler_stage import StragglerStage
 
 log = logging.getLogger("fabricwatch.worker")
@@ -33,6 +34,22 @@ GPU_XID_CATEGORIES = {"xid_gpu_fault": "gpu_fault", "xid_application": "applicat
                       "xid_consequence": "consequence"}
 DECODE_ERROR_REASONS = {"malformed_records": "malformed_record", "processing_errors": "processing_error",
                         "events_without_cloudevent_headers": "event_without_headers"}
+
+
+def state_refusals(states: PartitionStates) -> Counter[str]:
+    """Entities refused at each state cap, summed over the partitions held here (by bound)."""
+    out: Counter[str] = Counter()
+    for _, s in states.of_kind(SourceStage):
+        out["sources"] += s.stats.get("sources_refused", 0)
+        out["nodes"] += s.health.stats.get("nodes_refused", 0)
+        out["rate_layouts"] += s.rates.stats.get("layouts_evicted", 0)
+    for _, s in states.of_kind(StragglerStage):
+        out["jobs"] += s.stats.get("jobs_refused", 0)
+        out["hang_jobs"] += s.hangs.stats.get("jobs_refused", 0)
+        out["hang_ranks"] += s.hangs.stats.get("ranks_refused", 0)
+    for _, s in states.of_kind(StormStage):
+        out["clusters"] += s.stats.get("clusters_refused", 0)
+    return out
 
 
 class WorkerMetrics:
@@ -48,6 +65,8 @@ class WorkerMetrics:
         self._consumed = CounterMirror(metrics.WORKER_RECORDS_CONSUMED)
         self._errors = CounterMirror(metrics.WORKER_DECODE_ERRORS, rename=DECODE_ERROR_REASONS)
         self._xids = CounterMirror(metrics.WORKER_GPU_XIDS, rename=GPU_XID_CATEGORIES)
+        self._refused = CounterMirror(metrics.WORKER_STATE_REFUSED)
+        self._refused_logged: Counter[str] = Counter()
         self._open_labels: set[tuple[str, str]] = set()
         self._lag_labels: set[tuple[str, str]] = set()
         metrics.WORKER_CHECKPOINT_AGE.set_function(lambda: max(0.0, time.time() - states.checkpointed_at_s)
@@ -57,6 +76,7 @@ class WorkerMetrics:
         self._consumed.sync(self.app.monitor.messages_received_by_topic)
         self._errors.sync(self.handlers.stats)
         self._xids.sync(sum((s.gpu_faults.stats for _, s in self.states.of_kind(SourceStage)), Counter()))
+        self.export_refusals()
         self.export_open_anomalies()
         lags = await self.export_lag()
         caught_up = self.reader.ready.is_set() and lags is not None and all(
@@ -65,6 +85,17 @@ class WorkerMetrics:
         wm = self.states.facts.watermark_ns
         metrics.WORKER_FACTS_WATERMARK_LAG.set((time.time_ns() - wm) / 1e9 if wm else math.nan)
         metrics.WORKER_HELD_RANK_STEPS.set(sum(s.held for _, s in self.states.of_kind(StragglerStage)))
+
+    def export_refusals(self) -> None:
+        """Counted, and said in the log once per refresh for each cap that refused more."""
+        refused = state_refusals(self.states)
+        self._refused.sync(refused)
+        for bound, n in sorted(refused.items()):
+            if n > self._refused_logged[bound]:
+                log.warning("state cap %r: %d more refused here (%d in all on the partitions held); "
+                            "an id churning sender, or a cluster larger than the cap", bound,
+                            n - self._refused_logged[bound], n)
+            self._refused_logged[bound] = n
 
     def export_open_anomalies(self) -> None:
         counts = Counter(self.states.open_anomalies.values())

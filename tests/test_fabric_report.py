@@ -92,6 +92,17 @@ def test_report_text_from_attacker_chosen_names_is_escaped_in_html():
     assert "<script>" not in page and "&lt;script&gt;" in page and "<b>n</b>" not in page
 
 
+def test_report_text_from_attacker_chosen_names_is_inert_in_markdown(tmp_path):
+    e = ev.AnomalyEvent(kind="link_downgrade", dedup_key="k", lifecycle=ev.LIFECYCLE_OPEN,
+                        suggested_action="drain | ![x](http://evil.example/a.png) **URGENT**\n## forged",
+                        entity=ev.EntityPath(node="[n](http://evil.example)"))
+    md = fabric_report.build(FabricSummary(), [e]).markdown(None)
+    row = next(line for line in md.splitlines() if "URGENT" in line)
+    assert "http://" not in md and "**URGENT**" not in md and "![x]" not in md and "\n## forged" not in md
+    assert row.count(" | ") == md.splitlines()[md.splitlines().index(row) - 2].count(" | ")   # no extra cell
+    assert "\\[n\\]" in row and "\\*\\*URGENT\\*\\*" in row
+
+
 def test_cli_needs_exactly_one_input():
     out = subprocess.run([sys.executable, "-m", "fabricwatch.cli", "report"], capture_output=True, text=True,
                          timeout=60)

@@ -246,6 +246,23 @@ def test_bad_reports_are_counted_never_raise():
     assert out == [] and det.stats["bad_progress"] == 2
 
 
+def test_fresh_job_and_rank_ids_are_bounded_and_counted_and_freed_when_jobs_end():
+    # a node's token binds the node, not the (job, rank) it claims: fresh pairs must not grow
+    # the detector (and the worker's checkpoint) without bound
+    det = HangDetector(max_ranks=50)
+    for j in range(20):                       # 20 jobs x 8 ranks claimed: 160 ranks, 50 followed
+        det.add_progress([beat(0, r, 1, 1, 0, job=f"forged-{j}") for r in range(WORLD)])
+    assert sum(len(job.ranks) for job in det._jobs.values()) == 50
+    assert det.stats["ranks_refused"] == 110
+    # the followed ranks' jobs still work: a hang on one of them is named
+    out = run(det, 80, stuck_before(40, culprit=3, at_s=41), job="forged-0")
+    assert [(f.state, f.entity.rank) for f in opened(out)] == [(OPEN, "3")]
+    # every job silent for JOB_GONE_S is forgotten, and its ranks' room is free again
+    det.add_progress([beat(80 + JOB_GONE_S + 15, 0, 1, 1, 0, job="later")])
+    det.add_progress([beat(80 + JOB_GONE_S + 16, r, 1, 1, 0, job="new") for r in range(WORLD)])
+    assert len(det._jobs["new"].ranks) == WORLD and det.stats["ranks_refused"] == 111   # "later" came first
+
+
 # -- the gateway's validation ----------------------------------------------------------------
 def _snap(now, *progress):
     snap = pb.Snapshot(cluster="c1", source="node-0", source_kind=pb.SOURCE_KIND_NODE, time_unix_ns=now, seq=1)
