@@ -50,8 +50,9 @@ from .frames import EntityFrame, FrameStack, LayoutGroup
 # range; a larger "wrap" is far likelier to be a reset to a small value.
 MAX_WRAP_FRACTION = 0.5
 # Block layouts (entity ids x column names) kept per source. An honest node or switch sends
-# a handful (one per entity kind, the PFC-only ticks' own, a switch answering some paths).
-MAX_LAYOUTS_PER_SOURCE = 32
+# a handful (one per entity kind, the PFC-only ticks' own, a switch answering some paths);
+# a snapshot has at most 32 blocks, so twice that never evicts an honest one.
+MAX_LAYOUTS_PER_SOURCE = 64
 # Distinct column-name tuples whose specs are cached (names come from the sender too).
 MAX_SPECS_CACHED = 1024
 
