@@ -81,12 +81,18 @@ class PfcDeadlockDetector:
     _paused: dict[int, set[Port]] = field(default_factory=dict, repr=False)    # held ports (paused role)
     _pausing: dict[int, set[Port]] = field(default_factory=dict, repr=False)   # ports that pause their peer
     _cycles: dict[tuple[int, frozenset], _Cycle] = field(default_factory=dict, repr=False)
+    # (switch, port, priority, role) -> event time of its newest change applied
+    _last_ns: dict[tuple[str, str, int, str], int] = field(default_factory=dict, repr=False)
     _now_ns: int = 0
     stats: dict[str, int] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if not self.hold_ms > 0:
             raise ValueError(f"hold_ms must be > 0, got {self.hold_ms!r}")
+
+    def __setstate__(self, state: dict) -> None:
+        state.setdefault("_last_ns", {})           # a checkpoint from before stale changes were refused
+        self.__dict__.update(state)
 
     # -- input ----------------------------------------------------------------------------------
     def update(self, change: PauseStateChange) -> list[Finding]:
@@ -104,6 +110,14 @@ class PfcDeadlockDetector:
             if peer is None:
                 self.stats["unknown_port"] = self.stats.get("unknown_port", 0) + 1
             return out
+        # Older than what this port last said: a redelivery (a worker took over a dead one's
+        # partition and re-sent the changes after its last commit). Applied, an old restoration
+        # would break a loop that holds, an old onset restore one that broke.
+        slot = (ref.switch, ref.port, change.priority, change.role)
+        if change.at_ns < self._last_ns.get(slot, change.at_ns):
+            self.stats["stale_changes"] = self.stats.get("stale_changes", 0) + 1
+            return out
+        self._last_ns[slot] = change.at_ns
         table = self._paused if change.role == PAUSED else self._pausing
         ports = table.setdefault(change.priority, set())
         if change.active:

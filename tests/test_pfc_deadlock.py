@@ -60,6 +60,24 @@ def test_a_loop_broken_by_the_next_record_after_the_hold_opens_first_then_resolv
     assert out[0].onset_ns == 0 and out[1].detected_ns == 3 * DEADLOCK_HOLD_MS * MS
 
 
+def test_changes_redelivered_after_newer_ones_change_nothing():
+    """After a takeover the new owner of a telemetry partition re-sends the changes of the records
+    after the dead worker's last commit: old ones arrive after newer ones of the same port. They
+    must neither break a loop that holds (an old restoration) nor restore one that broke."""
+    flap = [held(sw, p, 10 * k) for k, (sw, p) in enumerate(LOOP)]
+    flap += [held(*LOOP[1], 40, active=False), held(*LOOP[1], 50)]           # an edge flaps; the loop holds from 50
+    redelivered = flap[:5]                                                   # ... up to the restoration, again
+    want = feed(PfcDeadlockDetector(TOPO, cluster="c1"), flap, until_ms=50 + DEADLOCK_HOLD_MS)
+    det = PfcDeadlockDetector(TOPO, cluster="c1")
+    got = feed(det, flap + redelivered, until_ms=50 + DEADLOCK_HOLD_MS)
+    assert [(f.state, f.onset_ns) for f in got] == [(f.state, f.onset_ns) for f in want] == [(OPEN, 50 * MS)]
+    assert det.stats["stale_changes"] == 2          # the flapping port's old onset and restoration; the rest repeat
+    broke = flap + [held(*LOOP[2], 3000, active=False)]                      # the loop breaks for good at 3 s ...
+    det = PfcDeadlockDetector(TOPO, cluster="c1")
+    out = feed(det, broke + flap, until_ms=6000)                             # ... and its onsets come again
+    assert [f.state for f in out] == [OPEN, RESOLVED] and det.open_findings() == []
+
+
 def test_a_cycle_shorter_than_the_hold_stays_silent():
     det = PfcDeadlockDetector(TOPO, cluster="c1")
     out = feed(det, [held(sw, p, 0) for sw, p in LOOP], until_ms=DEADLOCK_HOLD_MS // 2)
