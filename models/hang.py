@@ -28,7 +28,9 @@ each rank's own clock is rebased on it at arrival, so a skewed node clock decide
   health cause, then by the earliest last progress, then by the lowest rank.
 * **Probable root** (with a `HealthBook`): the GPU lost (a GPU-fault XID such as 79, or
   uncorrectable ECC errors, `fabricwatch.xid`), the rank's NIC link down (without failover:
-  the job hangs), else ``stuck_process`` (alive, never enters) or ``process_lost`` (its
+  the job hangs), its NIC held by PFC pauses (``storm_victim``: a fabric stall; a storm
+  holding one node of a job stalls every rank alike, and that node's rank is named), else
+  ``stuck_process`` (alive, never enters) or ``process_lost`` (its
   heartbeat stopped, no hardware cause: killed, OOM, segfault). Anomalies already open on
   the culprit's GPU or NIC are cited by id (``related_for``).
 * **Resolved** when a completion advances again, when the job's counters restart (a new
@@ -66,7 +68,7 @@ from fabricwatch.rank import HEARTBEAT_INTERVAL_S
 
 from .findings import CRITICAL, OPEN, RESOLVED, UPDATE, EntityRef, Evidence, Finding
 from .frames import RankProgress, RankStep
-from .node_health import CAUSE_ACTION, ECC, NIC_DOWN, XID, HealthBook, rail_nic
+from .node_health import CAUSE_ACTION, ECC, NIC_DOWN, STORM_VICTIM, XID, HealthBook, rail_nic
 
 DETECTOR = "hang/v1"
 KIND = "hang"
@@ -102,13 +104,17 @@ MAX_JOBS = 100_000          # jobs followed per detector; beyond, new ones are r
 MAX_RANKS = 400_000
 MAX_GROUPS_SHOWN = 4        # (entered, completed) groups spelled out in the evidence
 MIN_WORLD_SIZE = 2          # one rank waits for nobody
-# Causes a hang's culprit is looked up for, in order: the GPU lost, its NIC link down.
-HANG_CAUSES = (XID, ECC, NIC_DOWN)
+# Causes a hang's culprit is looked up for, in order: the GPU lost, its NIC link down, its NIC
+# held by PFC pauses (a storm holding one node's NIC stalls every rank of the job alike: no
+# rank is behind, and the fabric, not a process, is the root).
+HANG_CAUSES = (XID, ECC, NIC_DOWN, STORM_VICTIM)
 STUCK_PROCESS, PROCESS_LOST = "stuck_process", "process_lost"
 ROOT_TEXT = {
     XID: "GPU lost",
     ECC: "GPU lost to uncorrectable memory errors",
     NIC_DOWN: "the rank's NIC link down, NCCL did not fail over",
+    STORM_VICTIM: "a fabric stall: the rank's NIC is held by PFC pauses (a PFC storm; its pfc_storm anomaly "
+                  "names the source)",
     STUCK_PROCESS: "stuck process (alive, its heartbeat goes on, it never enters the collective: data loader, "
                    "deadlock, a rank-dependent branch; py-spy dump it)",
     PROCESS_LOST: "process lost (its heartbeat stopped and no hardware cause shows: killed, OOM, segfault)",
@@ -117,6 +123,8 @@ ROOT_ACTION = {
     XID: "drain the node; restart the job from its checkpoint without it",
     ECC: CAUSE_ACTION[ECC] + "; restart the job from its checkpoint",
     NIC_DOWN: CAUSE_ACTION[NIC_DOWN] + "; restart the job from its checkpoint (NCCL_IB_HCA without that NIC)",
+    STORM_VICTIM: CAUSE_ACTION[STORM_VICTIM] + "; the job resumes when the pauses stop (restart it from its "
+                  "checkpoint if NCCL's watchdog killed it)",
     STUCK_PROCESS: "dump the rank's stacks (py-spy dump --pid, or the NCCL flight recorder), then restart the job",
     PROCESS_LOST: "read the rank's exit (dmesg for the OOM killer, the scheduler's log), then restart the job",
 }

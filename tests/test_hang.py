@@ -9,7 +9,8 @@ from fabricwatch.models.findings import OPEN, RESOLVED, UPDATE
 from fabricwatch.models.frames import RankProgress, RankStep
 from fabricwatch.models.hang import (HANG_AFTER_CAP_S, HANG_AFTER_FLOOR_S, HEARTBEAT_LOST_S, JOB_GONE_S,
                                      PROCESS_LOST, STUCK_PROCESS, HangDetector)
-from fabricwatch.models.node_health import NIC_DOWN, XID, Episode, HealthBook, HealthEvent, NodeHealth
+from fabricwatch.models.node_health import (NIC_DOWN, STORM_VICTIM, XID, Episode, HealthBook, HealthEvent,
+                                            NodeHealth)
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.streams.validate import validate_snapshot
 
@@ -147,6 +148,22 @@ def test_the_root_is_the_nic_link_down_and_the_open_link_down_is_cited():
     f = opened(run(det, 100, stuck_before(40, culprit=5, at_s=41)))
     assert f and f[0].cause == NIC_DOWN, f and f[0].summary
     assert "ld42" in f[0].summary and any(e.name == "related_anomaly" for e in f[0].evidence)
+
+
+def test_a_job_stalled_alike_by_a_storm_on_one_nodes_nic_is_a_fabric_stall_on_that_node():
+    # every rank entered #41 and none completes: no rank is behind; node-1's NIC of gpu2 (rail 2)
+    # has received PFC pauses most of the time since
+    storm = Episode("mlx5_2/1", STORM_VICTIM, T0 + 40 * S, T0 + 200 * S, True, 160, 160, value=0.97,
+                    detail="pause duty 0.97", holding=True)
+    det = HangDetector(health=_book_with("node-1", episodes=[storm]))
+    f = opened(run(det, 100, lambda t, r: healthy(t, r) if t < 41 else (41, 40, 41.0, 40.0)))
+    assert f and f[0].cause == STORM_VICTIM and f[0].entity.rank == "6", f and f[0].summary   # node-1 gpu2
+    assert "stuck alike" in f[0].summary and "probable root: a fabric stall" in f[0].summary
+    assert "PFC storm source" in f[0].suggested_action
+    # without the pauses the same stall is a stuck process
+    f = opened(run(HangDetector(health=_book_with("node-1")), 100,
+                   lambda t, r: healthy(t, r) if t < 41 else (41, 40, 41.0, 40.0)))
+    assert f and f[0].cause == STUCK_PROCESS
 
 
 def test_among_ranks_equally_behind_the_one_with_a_hardware_root_is_named():
