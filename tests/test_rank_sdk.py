@@ -28,7 +28,7 @@ import grpc
 import pytest
 from helpers import running_gateway
 
-from fabricwatch import rank as rank_mod
+from fabricwatch.rank import reporter as rank_mod
 from fabricwatch.models.frames import RankStep
 from fabricwatch.models.straggler import StragglerDetector
 from fabricwatch.protos.v1 import events_pb2 as ev
