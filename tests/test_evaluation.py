@@ -185,7 +185,8 @@ def test_full_suites_have_enough_cases_per_class():
 
 
 def test_quick_eval_writes_report_and_scores_a_clear_downgrade(tmp_path):
-    from fabricwatch.evaluation.report import FABRICWATCH, STATIC, evaluate
+    from fabricwatch.evaluation.report import evaluate
+    from fabricwatch.evaluation.runs import FABRICWATCH, STATIC
 
     out = tmp_path / "evaluation.md"
     scores, runs = evaluate(out, quick=True, jobs=1, progress=False)

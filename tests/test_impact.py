@@ -270,7 +270,8 @@ def test_truth_is_what_the_job_did_not_progress():
 
 
 def test_eval_measures_truth_and_ranks_our_impact():
-    from fabricwatch.evaluation.report import FABRICWATCH, run_scenario, score
+    from fabricwatch.evaluation.runs import FABRICWATCH, run_scenario
+    from fabricwatch.evaluation.scoring import score
     from fabricwatch.evaluation.scenarios import _stragglers
 
     run = run_scenario(_stragglers(0, 200), (FABRICWATCH,))
