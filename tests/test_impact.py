@@ -272,7 +272,7 @@ def test_truth_is_what_the_job_did_not_progress():
 def test_eval_measures_truth_and_ranks_our_impact():
     from fabricwatch.evaluation.runs import FABRICWATCH, run_scenario
     from fabricwatch.evaluation.scoring import score
-    from fabricwatch.evaluation.scenarios import _stragglers
+    from fabricwatch.evaluation.fault_scenarios import _stragglers
 
     run = run_scenario(_stragglers(0, 200), (FABRICWATCH,))
     stragglers = [gt for gt in run.truths if gt.kind == "straggler" and gt.expect_alert]

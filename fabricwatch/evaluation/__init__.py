@@ -1,6 +1,8 @@
 """`fabricwatch eval`: labelled scenario suites, scored against the simulator's ground truth.
 
-* `scenarios`: the suites as data (topology size, sampling interval, duration, faults, seed);
+* `scenarios`: a scenario as data (topology size, sampling interval, duration, faults, seed);
+* `fault_scenarios`, `negative_scenarios`: the builders of the labelled and the must-not-fire /
+  healthy scenarios; `suites`: which scenarios one evaluation runs (`build_suites`);
 * `matching`: events vs `GroundTruth`: TP / FP / FN / delay per fault class;
 * `baselines`: static Prometheus-style rules and river's HalfSpaceTrees on the same telemetry;
 * `runs`: each scenario simulated and run through `streams.replay.replay` and both baselines;

@@ -27,9 +27,10 @@ from .baselines import HST_THRESHOLD, SCORE_BINS
 from .impact import TAIL_S, TOP_K
 from .plots import write_plots
 from .runs import DETECTORS, FABRICWATCH, HST, STATIC, ScenarioRun, run_all
-from .scenarios import FAULT_CLASSES, T_DETECT_S, SuiteConfig, build_suites
+from .scenarios import FAULT_CLASSES, T_DETECT_S, SuiteConfig
 from .scoring import (TARGET_CAUSE_ACCURACY, TARGET_F1, TARGET_FP_PER_1000_NODE_HOURS, TARGET_HANG_S, TARGET_PRECISION,
                       ClassScore, Scores, per_1000, poisson_upper, score)
+from .suites import build_suites
 
 LABELLED_SUITES = ("fault_mix", "straggler", "pfc_storm", "must_not_fire", "link_down", "ecmp_imbalance",
                    "pfc_deadlock")
@@ -400,7 +401,7 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
     add("")
     add("## Method")
     add("")
-    add("* Suites (`fabricwatch/evaluation/scenarios.py`): **fault mix** (1 s sampling, 8 nodes: NIC speed or "
+    add("* Suites (`fabricwatch/evaluation/suites.py`): **fault mix** (1 s sampling, 8 nodes: NIC speed or "
         "lanes low, NIC and GPU PCIe width, cable link-down flaps, hardware GPU XIDs of NVIDIA's catalog, half followed by XID 45 on "
         "sibling GPUs, uncorrectable ECC, a buggy job's application XIDs; two rounds of six faults on distinct entities per scenario); **stragglers** (1 s, 8 nodes: one slow "
         "rank per multi-node job, thermal / software-thermal / power cap / invisible / downgraded NIC / storm "
