@@ -128,7 +128,8 @@ def _counted(fn, name: str, calls: Counter):
 # --------------------------------------------------------------------------- child: the collector
 async def child_main(target: str | None, duration_s: float, gpus: str, pfc_s: float = 0.1) -> dict:
     from fabricwatch.collectors.ethtool_stats import EthtoolReader, RecordedSource
-    from fabricwatch.collectors.node import NodeCollector, NodeConfig
+    from fabricwatch.collectors.node import NodeCollector
+    from fabricwatch.collectors.node_config import NodeConfig
     from fabricwatch.collectors.sender import GatewaySender
     from fabricwatch.collectors.sysfs_nic import NicReader
 

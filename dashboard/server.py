@@ -38,7 +38,8 @@ from fabricwatch import fabric_report
 from fabricwatch.lograte import RateLimitedLogger, install_reconnect_log_limits
 
 from .feed import FeedSettings, follow
-from .state import MAX_SWITCHES_SHOWN, FabricState, FeedFilter
+from .state import FabricState
+from .views import MAX_SWITCHES_SHOWN, FeedFilter, entity_view, fabric_view, feed_view, jobs_view
 
 log = logging.getLogger("fabricwatch.dashboard")
 _limited_log = RateLimitedLogger(log)
@@ -258,27 +259,27 @@ def build_app(state: FabricState, feed_status: dict | None = None,
         return web.Response(text=fabric_report.REPORT_CSS, content_type="text/css")
 
     async def api_fabric(request: web.Request) -> web.Response:
-        return _json(state.fabric_view(time.time_ns(),
-                                       problems_only=request.query.get("problems", "") in ("1", "true", "on"),
-                                       offset=_int_param(request, "offset", 0, 10**9),
-                                       limit=_int_param(request, "limit", 512, MAX_FABRIC_LIMIT)), stats=state.stats)
+        return _json(fabric_view(state, time.time_ns(),
+                                 problems_only=request.query.get("problems", "") in ("1", "true", "on"),
+                                 offset=_int_param(request, "offset", 0, 10**9),
+                                 limit=_int_param(request, "limit", 512, MAX_FABRIC_LIMIT)), stats=state.stats)
 
     async def api_entity(request: web.Request) -> web.Response:
         path = request.match_info["path"]
-        view = state.entity_view(path, time.time_ns())
+        view = entity_view(state, path, time.time_ns())
         if view is None:
             return _json({"error": f"unknown entity {path[:200]!r}"}, status=404)
         return _json(view, stats=state.stats)
 
     async def api_feed(request: web.Request) -> web.Response:
         flt = FeedFilter.parse(dict(request.query))
-        items = state.feed_view(flt, _int_param(request, "limit", 200, MAX_FEED_LIMIT))
+        items = feed_view(state, flt, _int_param(request, "limit", 200, MAX_FEED_LIMIT))
         kinds = sorted({i["data"]["kind"] for i in state.feed if i["type"] == "anomaly"})
         return _json({"items": items, "kinds": kinds, "jobs": sorted(state.jobs),
                       "switches": sorted(state.switches)[:MAX_SWITCHES_SHOWN]}, stats=state.stats)
 
     async def api_jobs(request: web.Request) -> web.Response:
-        return _json({"jobs": state.jobs_view(_int_param(request, "limit", MAX_JOBS_LIMIT, MAX_JOBS_LIMIT)),
+        return _json({"jobs": jobs_view(state, _int_param(request, "limit", MAX_JOBS_LIMIT, MAX_JOBS_LIMIT)),
                       "jobs_total": len(state.jobs)}, stats=state.stats)
 
     async def api_status(request: web.Request) -> web.Response:

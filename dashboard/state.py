@@ -1,12 +1,12 @@
 """The dashboard's picture of the fabric: a bounded in-memory model fed record by record.
 
-Pure: no Kafka, no HTTP. `dashboard.feed` hands it decoded records; `dashboard.server`
-reads it. It holds
+Pure: no Kafka, no HTTP. `dashboard.feed` hands it decoded records; `dashboard.views`
+builds the API's answers from it. It holds
 
 * the topology: nodes with their NIC ports by rail and their GPUs, leaf and spine switches
   with their ports; from a topology file when given, else learnt from the telemetry;
 * per entity (NIC port, GPU, switch port) a ring buffer of a few derived values, so an
-  entity page can draw its recent history (`SeriesTable`);
+  entity page can draw its recent history (`dashboard.series.SeriesTable`);
 * the open anomalies by dedup key and the latest resolved ones, with their evidence;
 * the action decisions (actions and audit topics; shadow "would have done" included);
 * the jobs, from rank-step records: ranks, nodes and recent step times.
@@ -29,11 +29,10 @@ True
 """
 from __future__ import annotations
 
-import heapq
 import logging
 import re
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,12 +40,14 @@ import numpy as np
 from fabricwatch.lograte import RateLimitedLogger
 from fabricwatch.models.fabric_summary import FabricSummary
 from fabricwatch.models.frames import EntityFrame
-from fabricwatch.models.impact import projected_gpu_hours
 from fabricwatch.models.linkrate import parse_ib_rate
 from fabricwatch.models.rates import RateTracker
 from fabricwatch.models.topology import Topology
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
+
+from .series import SeriesTable
+from .shapes import SEVERITY_NAME, anomaly_dict, decision_dict, entity_path, rank_path
 
 log = logging.getLogger("fabricwatch.dashboard")
 _limited_log = RateLimitedLogger(log)
@@ -76,28 +77,10 @@ ROLE_ORDER = (SOURCE, DOWNGRADED, STRAGGLER, FAULT, VICTIM, OK)
 ROLE_LABEL = {SOURCE: "storm source", DOWNGRADED: "downgraded link", STRAGGLER: "straggler",
               FAULT: "fault", VICTIM: "storm victim", OK: "healthy"}
 
-SEVERITY_NAME = {ev.SEVERITY_UNSPECIFIED: "unspecified", ev.SEVERITY_INFO: "info",
-                 ev.SEVERITY_WARNING: "warning", ev.SEVERITY_CRITICAL: "critical"}
-LIFECYCLE_NAME = {ev.LIFECYCLE_UNSPECIFIED: "unspecified", ev.LIFECYCLE_OPEN: "open",
-                  ev.LIFECYCLE_UPDATE: "update", ev.LIFECYCLE_RESOLVED: "resolved"}
-OUTCOME_NAME = {v.number: v.name.removeprefix("OUTCOME_").lower() for v in ev.Outcome.DESCRIPTOR.values}
-
-# What one API answer may hold: every list an answer carries is capped, with its total.
-MAX_FABRIC_CELLS = 65_536          # node rows x (rails + GPUs) of one /api/fabric page
-MAX_SWITCHES_SHOWN = 2_048
-MAX_OPEN_SHOWN = 200               # open anomalies listed with the fabric view (most severe, newest first)
-MAX_RELATED_SHOWN = 64             # related entities of one anomaly (a storm's victims)
-MAX_EVIDENCE_SHOWN = 32
-MAX_ENTITY_ANOMALIES = 200
-MAX_ENTITY_DECISIONS = 200
-MAX_CHILDREN_SHOWN = 4_096
-MAX_RANKS_SHOWN = 1_024            # per job in /api/jobs (stragglers first)
-MAX_JOBS_SHOWN = 500
 
 _BITS_PER_BYTE = 8.0
 _NIC_RAIL = re.compile(r"(\d+)(?:/\d+)?$")      # "mlx5_3/1" -> 3: the rail, when no topology says
-_GPU_INDEX = re.compile(r"^gpu(\d+)$")
-_TIME_UNIT_NS = 100_000_000                      # series times are kept in deciseconds
+GPU_INDEX = re.compile(r"^gpu(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -142,152 +125,6 @@ class DashboardLimits:
             raise ValueError(f"source_expiry_s must be > 0, got {self.source_expiry_s!r}")
 
 
-# ------------------------------------------------------------------------ paths
-def entity_path(p: ev.EntityPath) -> str:
-    """The dashboard's key of an entity: "node/device/port", "switch/port", or "job/<id>/rank/<r>".
-
-    The cluster is left out: one dashboard shows one cluster (`FabricState(cluster=...)`).
-
-    >>> entity_path(ev.EntityPath(cluster="c", node="n1", device="mlx5_0", port="1"))
-    'n1/mlx5_0/1'
-    >>> entity_path(ev.EntityPath(switch="leaf-0", port="Ethernet8")), entity_path(ev.EntityPath(job="j", rank="3"))
-    ('leaf-0/Ethernet8', 'job/j/rank/3')
-    """
-    base = p.switch or p.node
-    if base:
-        return "/".join(x for x in (base, p.device, p.port) if x)
-    if p.job:
-        return f"job/{p.job}/rank/{p.rank}" if p.rank else f"job/{p.job}"
-    return ""
-
-
-def rank_path(job: str, rank: int | str) -> str:
-    return f"job/{job}/rank/{rank}"
-
-
-def _finite(x: float) -> float | None:
-    return float(x) if x == x and x not in (float("inf"), float("-inf")) else None
-
-
-# ------------------------------------------------------------------------ series
-class SeriesTable:
-    """Ring buffers of recent values for all entities of one kind, in one preallocated block.
-
-    Values are float16 (3 significant digits: enough for a chart, half the memory of
-    float32), times int32 deciseconds since the table's first sample (±6.8 years).
-
-    >>> t = SeriesTable(("a", "b"), capacity_points=3, max_entities=2)
-    >>> for i in range(5):
-    ...     t.append(["x"], 1_000_000_000 * i, np.array([[i, 10 * i]], dtype=float))
-    >>> s = t.series("x")
-    >>> s["t_ms"], s["a"], s["b"]
-    ([2000, 3000, 4000], [2.0, 3.0, 4.0], [20.0, 30.0, 40.0])
-    >>> t.append(["y", "z"], 0, np.zeros((2, 2))); t.dropped_entities   # z is past the bound
-    1
-    >>> t.bytes_per_entity()          # 3 points x (4-byte time + 2 x 2-byte values) + 8
-    32
-    """
-
-    def __init__(self, metrics: tuple[str, ...], capacity_points: int, max_entities: int) -> None:
-        self.metrics = metrics
-        self.capacity_points = capacity_points
-        self.max_entities = max_entities
-        self.dropped_entities = 0
-        self._rows: dict[str, int] = {}
-        self._free: list[int] = []                 # rows of forgotten entities, reused first
-        self._epoch_ns: int | None = None
-        self._alloc(0)
-
-    def _alloc(self, n: int) -> None:
-        c, m = self.capacity_points, len(self.metrics)
-        times = np.zeros((n, c), dtype=np.int32)
-        values = np.full((n, c, m), np.nan, dtype=np.float16)
-        written = np.zeros(n, dtype=np.int64)
-        if n and len(self._rows):
-            k = self._times.shape[0]
-            times[:k], values[:k], written[:k] = self._times, self._values, self._written
-        self._times, self._values, self._written = times, values, written
-
-    def bytes_per_entity(self) -> int:
-        """Array bytes per entity (the index adds ~150 bytes: dict slot and key string)."""
-        return self.capacity_points * (4 + 2 * len(self.metrics)) + 8
-
-    def nbytes(self) -> int:
-        return self._times.nbytes + self._values.nbytes + self._written.nbytes
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._rows
-
-    def _row(self, key: str) -> int:
-        row = self._rows.get(key)
-        if row is not None:
-            return row
-        if len(self._rows) >= self.max_entities:
-            self.dropped_entities += 1
-            return -1
-        if self._free:
-            row = self._free.pop()
-            self._written[row] = 0
-            self._values[row] = np.nan
-        else:
-            row = len(self._rows)
-            if row >= self._times.shape[0]:
-                self._alloc(min(self.max_entities, max(16, 2 * row)))
-        self._rows[key] = row
-        return row
-
-    def forget_prefix(self, prefix: str) -> int:
-        """Drop every entity whose key starts with `prefix` (a forgotten source); their rows are reused."""
-        gone = [k for k in self._rows if k.startswith(prefix)]
-        for key in gone:
-            self._free.append(self._rows.pop(key))
-        return len(gone)
-
-    def append(self, keys: Iterable[str], time_ns: int, values: np.ndarray) -> None:
-        """One sample for each key (values: [len(keys), n_metrics]) at event time `time_ns`."""
-        rows = np.array([self._row(k) for k in keys], dtype=np.int64)
-        keep = rows >= 0
-        if not keep.any():
-            return
-        rows, values = rows[keep], np.asarray(values, dtype=np.float64)[keep]
-        if self._epoch_ns is None:
-            self._epoch_ns = time_ns
-        slots = self._written[rows] % self.capacity_points
-        self._times[rows, slots] = (time_ns - self._epoch_ns) // _TIME_UNIT_NS
-        with np.errstate(over="ignore"):   # beyond float16's range reads as inf: shown as a gap
-            self._values[rows, slots, :] = values
-        self._written[rows] += 1
-
-    def _ordered(self, key: str) -> tuple[np.ndarray, np.ndarray] | None:
-        row = self._rows.get(key)
-        if row is None:
-            return None
-        n = int(min(self._written[row], self.capacity_points))
-        start = int(self._written[row] - n) % self.capacity_points
-        order = (start + np.arange(n)) % self.capacity_points
-        return self._times[row, order], self._values[row, order, :]
-
-    def series(self, key: str) -> dict[str, list] | None:
-        """Oldest first: ``t_ms`` (unix ms) and one list per metric (None where unknown)."""
-        got = self._ordered(key)
-        if got is None:
-            return None
-        times, values = got
-        out: dict[str, list] = {"t_ms": [int((self._epoch_ns + int(t) * _TIME_UNIT_NS) // 1_000_000)
-                                         for t in times]}
-        for j, name in enumerate(self.metrics):
-            out[name] = [_finite(float(v)) for v in values[:, j]]
-        return out
-
-    def latest(self, key: str) -> dict[str, float | None]:
-        got = self._ordered(key)
-        if got is None or not len(got[0]):
-            return {}
-        return {name: _finite(float(got[1][-1, j])) for j, name in enumerate(self.metrics)}
-
 
 # ------------------------------------------------------------------------ topology
 @dataclass
@@ -324,8 +161,6 @@ def _switch_role(name: str) -> str:
     return "spine" if "spine" in name.lower() else "leaf"
 
 
-def _natural_key(name: str) -> list:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
 # ------------------------------------------------------------------------ jobs
@@ -349,7 +184,7 @@ class JobView:
 
 # ------------------------------------------------------------------------ the state
 class FabricState:
-    """Everything the dashboard shows; fed by `add_*`, read by the `*_view` methods.
+    """Everything the dashboard shows; fed by `add_*`, read by `dashboard.views`.
 
     Parameters
     ----------
@@ -574,7 +409,7 @@ class FabricState:
     def _gpu_frame(self, node: NodeView, frame: EntityFrame, time_ns: int) -> None:
         keep = []
         for i, eid in enumerate(frame.ids):
-            m = _GPU_INDEX.match(eid)
+            m = GPU_INDEX.match(eid)
             if m and int(m.group(1)) < self.limits.max_gpus_per_node:
                 node.gpus.add(int(m.group(1)))
                 keep.append(i)
@@ -709,7 +544,8 @@ class FabricState:
             listener(item)
 
     # -------------------------------------------------------------- health
-    def _roles(self) -> dict[str, Health]:
+    def roles(self) -> dict[str, Health]:
+        """The health of every entity an open anomaly names (and of their nodes and switches)."""
         if self._health is not None:
             return self._health
         marks: dict[str, list[tuple[str, int, str]]] = {}
@@ -748,300 +584,14 @@ class FabricState:
         return health
 
     def health(self, path: str) -> Health:
-        return self._roles().get(path, HEALTHY)
+        return self.roles().get(path, HEALTHY)
 
     def silent(self, source: str, now_ns: int) -> bool:
         """A node or switch whose last telemetry is older than `stale_after_s` (or that never reported)."""
         holder = self.nodes.get(source) or self.switches.get(source)
         return holder is None or not holder.last_seen_ns or now_ns - holder.last_seen_ns > self.stale_after_s * 1e9
 
-    # -------------------------------------------------------------- views (JSON-ready)
-    def fabric_view(self, now_ns: int, problems_only: bool = False,
-                    offset: int = 0, limit: int = 512) -> dict:
-        """The heat map: nodes x NIC rails (and GPUs), leaf and spine switches, with health."""
-        roles = self._roles()
-        rails = sorted({r for n in self.nodes.values() for r in n.nics})
-        n_gpus = max((max(n.gpus) + 1 for n in self.nodes.values() if n.gpus), default=0)
-        names = sorted(self.nodes, key=_natural_key) if self.topology is None else list(self.nodes)
-        if problems_only:
-            names = [n for n in names if n in roles or self.silent(n, now_ns)]
-        limit = max(1, min(limit, MAX_FABRIC_CELLS // max(1, len(rails) + n_gpus)))
-        rows = []
-        for name in names[offset:offset + limit]:
-            node = self.nodes[name]
-            nic_cells = []
-            for rail in rails:
-                eid = node.nics.get(rail)
-                path = f"{name}/{eid}" if eid else ""
-                latest = self.series[NIC_PORT].latest(path) if path else {}
-                nic_cells.append({"rail": rail, "id": eid or "", "path": path,
-                                  "health": roles.get(path, HEALTHY).to_dict() if path else None,
-                                  "tx_gbps": latest.get("tx_gbps"), "link_rate_gbps": latest.get("link_rate_gbps"),
-                                  "peer": self._peer.get(path, "")})
-            gpu_cells = []
-            for g in range(n_gpus):
-                path = f"{name}/gpu{g}"
-                latest = self.series[GPU].latest(path) if g in node.gpus else {}
-                gpu_cells.append({"index": g, "path": path if g in node.gpus else "",
-                                  "health": roles.get(path, HEALTHY).to_dict() if g in node.gpus else None,
-                                  "gpu_util_pct": latest.get("gpu_util_pct")})
-            rows.append({"node": name, "health": roles.get(name, HEALTHY).to_dict(),
-                         "silent": self.silent(name, now_ns), "nics": nic_cells, "gpus": gpu_cells})
-        switches = []
-        for name in sorted(self.switches, key=_natural_key)[:MAX_SWITCHES_SHOWN]:
-            sw = self.switches[name]
-            switches.append({"name": name, "role": sw.role, "ports": len(sw.ports),
-                             "health": roles.get(name, HEALTHY).to_dict(),
-                             "silent": self.silent(name, now_ns)})
-        return {"rails": rails, "gpus": n_gpus, "nodes_total": len(names), "offset": offset, "limit": limit,
-                "rows": rows, "switches": switches, "switches_total": len(self.switches),
-                "open_anomalies": self.open_summary(now_ns=now_ns), "open_total": len(self.open),
-                "topology_source": "file" if self.topology is not None else "telemetry"}
-
-    def open_summary(self, limit: int = MAX_OPEN_SHOWN, now_ns: int | None = None) -> list[dict]:
-        """The open anomalies that cost the most first (GPU-hours lost by ``now_ns``: what each one's
-        latest event said plus its rate since), then the most severe, newest; at most `limit`.
-        Without ``now_ns``: as of the newest event shown."""
-        if now_ns is None:
-            now_ns = max((e.detected_unix_ns for e in self.open.values()), default=0)
-
-        def cost(e: ev.AnomalyEvent) -> float:
-            return projected_gpu_hours(e.impact_gpu_hours, e.impact_gpu_hours_per_hour, e.detected_unix_ns, now_ns)
-
-        ranked = heapq.nsmallest(limit, ((-cost(e), -e.severity, -e.detected_unix_ns, e.dedup_key, e)
-                                         for e in self.open.values()), key=lambda t: t[:4])
-        return [{**anomaly_dict(e), "impact_gpu_hours_now": round(-c, 6)} for c, _, _, _, e in ranked]
-
-    def entity_kind(self, path: str) -> str:
-        parts = path.split("/")
-        if parts[0] == "job":
-            return RANK
-        if len(parts) == 1:
-            return SWITCH if path in self.switches else NODE if path in self.nodes else self._kind_from_anomalies(path)
-        for kind in (NIC_PORT, GPU, SWITCH_PORT):
-            if path in self.series[kind]:
-                return kind
-        if parts[0] in self.switches:
-            return SWITCH_PORT
-        if parts[0] in self.nodes:
-            return GPU if _GPU_INDEX.match(parts[1]) else NIC_PORT
-        return self._kind_from_anomalies(path)
-
-    def _kind_from_anomalies(self, path: str) -> str:
-        """An entity known only because an anomaly or decision names it (or one of its parts)."""
-        named = [p for e in list(self.open.values()) + list(self.resolved) for p in (e.entity, *e.related)]
-        named += [d.target for d in self.decisions.values()]
-        for p in named:
-            ep = entity_path(p)
-            if ep == path:
-                if p.switch:
-                    return SWITCH_PORT if p.port else SWITCH
-                if _GPU_INDEX.match(p.device):
-                    return GPU
-                return NIC_PORT if p.device else NODE
-            if "/" not in path and not path == "job" and ep.startswith(path + "/"):
-                return SWITCH if p.switch else NODE
-        return ""
-
-    def _touches(self, event: ev.AnomalyEvent, path: str) -> str:
-        """How an anomaly concerns an entity: "entity", "related" or "" (also for their parts)."""
-        main = entity_path(event.entity)
-        if main == path or main.startswith(path + "/"):
-            return "entity"
-        for r in event.related:
-            rp = entity_path(r)
-            if rp == path or rp.startswith(path + "/"):
-                return "related"
-        if path.startswith("job/") and event.entity.job and rank_path(event.entity.job, event.entity.rank) == path:
-            return "entity"
-        return ""
-
-    def entity_view(self, path: str, now_ns: int) -> dict | None:
-        """An entity page: what it is, its series, the anomalies on it and the decisions about it."""
-        kind = self.entity_kind(path)
-        if not kind:
-            return None
-        out: dict = {"path": path, "kind": kind, "health": self.health(path).to_dict(),
-                     "peer": self._peer.get(path, ""), "parent": path.split("/")[0] if "/" in path else ""}
-        if kind in METRICS:
-            out["series"] = self.series[kind].series(path) or {"t_ms": []}
-            out["metrics"] = [{"name": m, "unit": METRIC_UNITS[m], "title": METRIC_TITLES[m]} for m in METRICS[kind]]
-        node = self.nodes.get(path) if kind == NODE else None
-        if node is not None:
-            out["children"] = ([{"path": f"{path}/{eid}", "label": f"rail {rail}: {eid}",
-                                 "health": self.health(f"{path}/{eid}").to_dict()}
-                                for rail, eid in sorted(node.nics.items())]
-                               + [{"path": f"{path}/gpu{g}", "label": f"gpu{g}",
-                                   "health": self.health(f"{path}/gpu{g}").to_dict()} for g in sorted(node.gpus)])
-            out["silent"] = self.silent(path, now_ns)
-        sw = self.switches.get(path) if kind == SWITCH else None
-        if sw is not None:
-            out["role"] = sw.role
-            out["children"] = [{"path": f"{path}/{p}", "label": p + (f" → {self._peer[f'{path}/{p}']}"
-                                                                      if f"{path}/{p}" in self._peer else ""),
-                                "health": self.health(f"{path}/{p}").to_dict()}
-                               for p in sorted(sw.ports, key=_natural_key)]
-            out["silent"] = self.silent(path, now_ns)
-        anomalies = []
-        for event in list(self.open.values()) + list(self.resolved):
-            how = self._touches(event, path)
-            if how:
-                anomalies.append({**anomaly_dict(event), "relation": how})
-        anomalies.sort(key=lambda a: (a["lifecycle"] == "resolved", -a["detected_unix_ms"]))
-        out["anomalies"], out["anomalies_total"] = anomalies[:MAX_ENTITY_ANOMALIES], len(anomalies)
-        keys = {a["dedup_key"] for a in anomalies}
-        decisions = [d for d in reversed(self.decisions.values())
-                     if d.anomaly_dedup_key in keys or entity_path(d.target) == path
-                     or entity_path(d.target).startswith(path + "/")]
-        out["decisions"] = [decision_dict(d) for d in decisions[:MAX_ENTITY_DECISIONS]]
-        out["decisions_total"] = len(decisions)
-        if len(out.get("children", ())) > MAX_CHILDREN_SHOWN:
-            out["children_total"] = len(out["children"])
-            out["children"] = out["children"][:MAX_CHILDREN_SHOWN]
-        return out
-
-    def jobs_view(self, limit: int = MAX_JOBS_SHOWN) -> list[dict]:
-        """Each job's ranks with recent step times, stragglers marked with their probable cause.
-
-        At most `limit` jobs (most recently heard from), and per job at most
-        MAX_RANKS_SHOWN ranks, its stragglers first; ``ranks_seen`` tells how many there are.
-        """
-        stragglers: dict[tuple[str, str], ev.AnomalyEvent] = {
-            (e.entity.job, e.entity.rank): e for e in self.open.values() if e.kind == "straggler"}
-        out = []
-        shown = heapq.nlargest(limit, self.jobs.values(), key=lambda j: j.last_seen_ns)
-        for job in sorted(shown, key=lambda j: j.job_id):
-            slow = {int(rank) for job_id, rank in stragglers if job_id == job.job_id and rank.isdigit()}
-            picked = heapq.nsmallest(MAX_RANKS_SHOWN, job.ranks.values(), key=lambda r: (r.rank not in slow, r.rank))
-            ranks = []
-            for r in sorted(picked, key=lambda r: r.rank):
-                event = stragglers.get((job.job_id, str(r.rank)))
-                steps = list(r.steps)
-                ranks.append({
-                    "rank": r.rank, "node": r.node, "local_gpu": r.local_gpu,
-                    "gpu_path": f"{r.node}/gpu{r.local_gpu}", "last_step": steps[-1][0] if steps else None,
-                    "step_s": [s[1] for s in steps], "busy_s": steps[-1][2] if steps else None,
-                    "wait_s": steps[-1][3] if steps else None,
-                    "straggler": None if event is None else {
-                        "summary": event.summary, "probable_cause": event.probable_cause,
-                        "cause_code": getattr(event, "cause_code", ""), "dedup_key": event.dedup_key,
-                        "severity": SEVERITY_NAME.get(event.severity, "")},
-                })
-            last = [r["step_s"][-1] for r in ranks if r["step_s"]]
-            out.append({"job": job.job_id, "world_size": job.world_size, "ranks_seen": len(job.ranks),
-                        "nodes": sorted({r.node for r in job.ranks.values()}, key=_natural_key),
-                        "median_step_s": float(np.median(last)) if last else None,
-                        "stragglers": [r["rank"] for r in ranks if r["straggler"]],
-                        "ranks": ranks, "dropped_ranks": job.dropped_ranks})
-        return out
-
-    def nodes_of_job(self, job_id: str) -> set[str]:
-        job = self.jobs.get(job_id)
-        return {r.node for r in job.ranks.values()} if job else set()
-
-    def feed_view(self, flt: FeedFilter, limit: int = 200) -> list[dict]:
-        """The latest feed items (anomalies and decisions) that pass the filter, newest event time first.
-
-        Arrival order is not time order: at start the look-back replays several topics and
-        partitions one after another.
-        """
-        out = []
-        for item in reversed(self.feed):
-            if flt.matches(item, self):
-                out.append(item)
-                if len(out) >= limit:
-                    break
-        out.sort(key=lambda i: (i["data"].get("detected_unix_ms") or i["data"].get("decided_unix_ms", 0), i["seq"]),
-                 reverse=True)
-        return out
-
     def memory_bytes(self) -> int:
         """Bytes of the series arrays (the part that grows with the cluster)."""
         return sum(t.nbytes() for t in self.series.values())
 
-
-# ------------------------------------------------------------------------ JSON shapes
-def _path_dict(p: ev.EntityPath) -> dict:
-    return {"path": entity_path(p), "cluster": p.cluster, "switch": p.switch, "node": p.node,
-            "device": p.device, "port": p.port, "rank": p.rank, "job": p.job}
-
-
-def anomaly_dict(e: ev.AnomalyEvent) -> dict:
-    return {
-        "id": e.id, "dedup_key": e.dedup_key, "kind": e.kind,
-        "severity": SEVERITY_NAME.get(e.severity, "unspecified"),
-        "lifecycle": LIFECYCLE_NAME.get(e.lifecycle, "unspecified"),
-        "entity": _path_dict(e.entity), "related": [_path_dict(r) for r in e.related[:MAX_RELATED_SHOWN]],
-        "related_total": len(e.related),
-        "onset_unix_ms": e.onset_unix_ns // 1_000_000, "detected_unix_ms": e.detected_unix_ns // 1_000_000,
-        "evidence": [{"name": x.name, "value": _finite(x.value), "threshold": _finite(x.threshold),
-                      "unit": x.unit, "detail": x.detail} for x in e.evidence[:MAX_EVIDENCE_SHOWN]],
-        "confidence": _finite(e.confidence), "probable_cause": e.probable_cause,
-        "cause_code": getattr(e, "cause_code", ""), "suggested_action": e.suggested_action,
-        "summary": e.summary, "detector": e.detector,
-        "impact_gpu_hours": _finite(e.impact_gpu_hours),
-        "impact_gpu_hours_per_hour": _finite(e.impact_gpu_hours_per_hour),
-        "impact_basis": e.impact_basis,
-    }
-
-
-def decision_dict(d: ev.ActionDecision) -> dict:
-    outcome = OUTCOME_NAME.get(d.outcome, str(d.outcome))
-    return {
-        "idempotency_key": d.idempotency_key, "anomaly_id": d.anomaly_id, "anomaly_dedup_key": d.anomaly_dedup_key,
-        "anomaly_kind": d.anomaly_kind, "rule": d.rule, "action": d.action, "target": _path_dict(d.target),
-        "outcome": outcome, "reason": d.reason, "executor": d.executor,
-        "decided_unix_ms": d.decided_unix_ns // 1_000_000, "detail": d.detail,
-        # Shadow mode: the policy matched but execution is off; on-call sees "would have".
-        "would_have": bool(d.shadow or d.outcome == ev.OUTCOME_SHADOW),
-    }
-
-
-# ------------------------------------------------------------------------ feed filters
-SEVERITY_RANK = {"info": 1, "warning": 2, "critical": 3}
-
-
-@dataclass(frozen=True)
-class FeedFilter:
-    """The feed's filters; empty fields match everything. Decisions match on their anomaly's kind.
-
-    >>> FeedFilter.parse({"severity": "loud"})
-    Traceback (most recent call last):
-    ...
-    ValueError: severity must be one of info, warning, critical (got 'loud')
-    """
-
-    kind: str = ""
-    min_severity: str = ""
-    job: str = ""
-    switch: str = ""
-
-    @classmethod
-    def parse(cls, query: dict) -> FeedFilter:
-        severity = str(query.get("severity", "")).strip().lower()
-        if severity and severity not in SEVERITY_RANK:
-            raise ValueError(f"severity must be one of {', '.join(SEVERITY_RANK)} (got {severity!r})")
-        return cls(kind=str(query.get("kind", "")).strip(), min_severity=severity,
-                   job=str(query.get("job", "")).strip(), switch=str(query.get("switch", "")).strip())
-
-    def matches(self, item: dict, state: FabricState) -> bool:
-        data = item["data"]
-        if item["type"] == "anomaly":
-            kind, severity = data["kind"], data["severity"]
-            paths = [data["entity"]] + data["related"]
-        else:
-            kind = data["anomaly_kind"]
-            linked = state.open.get(data["anomaly_dedup_key"])
-            severity = SEVERITY_NAME.get(linked.severity, "") if linked is not None else ""
-            paths = [data["target"]]
-        if self.kind and kind != self.kind:
-            return False
-        if self.min_severity and severity and SEVERITY_RANK.get(severity, 0) < SEVERITY_RANK[self.min_severity]:
-            return False
-        if self.job and not any(p["job"] == self.job or (p["node"] and p["node"] in state.nodes_of_job(self.job))
-                                for p in paths):
-            return False
-        if self.switch and not any(p["switch"] == self.switch
-                                   or state.peer_of(p["path"]).split("/")[0] == self.switch for p in paths):
-            return False
-        return True

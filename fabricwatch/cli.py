@@ -362,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     metrics_opts(sp, "simulate")
     sp.set_defaults(func=cmd_simulate)
 
-    from fabricwatch.collectors import node as node_collector
+    from fabricwatch.collectors import node_cli as node_collector
     from fabricwatch.collectors import switch as switch_collector
 
     metrics_opts(node_collector.add_parser(sub), "collect")

@@ -4,7 +4,7 @@
     python3 -m fabricwatch.config_reference --check      # exit 1 when the file is out of date
 
 The options and their defaults come from the argparse parsers (`fabricwatch.cli.build_parser`),
-the node collector's keys and defaults from its config dataclasses (`collectors/node.py`), the
+the node collector's keys and defaults from its config dataclasses (`collectors/node_config.py`), the
 switch collector's keys from the key sets its loader accepts (`collectors/switch.py`). Only the
 one-line meanings of config keys live here, and `undocumented_keys` names any key the code
 accepts that has none, so a new key cannot slip past this page (tests/test_config_reference.py).
@@ -243,7 +243,7 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, tuple[argparse.Arg
 
 def node_config_keys() -> list[tuple[str, str]]:
     """(dotted key, default) of every node collector config key, from the dataclasses."""
-    from fabricwatch.collectors.node import NodeConfig
+    from fabricwatch.collectors.node_config import NodeConfig
 
     def walk(obj, prefix: str):
         for f in dataclasses.fields(obj):

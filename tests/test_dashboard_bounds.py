@@ -19,9 +19,10 @@ from helpers import gateway_and_sender, gpu_block, nic_snapshot
 
 from fabricwatch.dashboard.feed import FeedSettings, follow
 from fabricwatch.dashboard.server import MAX_RESPONSE_BYTES, build_app, host_names
-from fabricwatch.dashboard.state import (
-    MAX_OPEN_SHOWN, MAX_RANKS_SHOWN, MAX_RELATED_SHOWN, MAX_SWITCHES_SHOWN, DashboardLimits, FabricState,
-)
+from fabricwatch.dashboard.shapes import MAX_RELATED_SHOWN
+from fabricwatch.dashboard.state import DashboardLimits, FabricState
+from fabricwatch.dashboard.views import (MAX_OPEN_SHOWN, MAX_RANKS_SHOWN, MAX_SWITCHES_SHOWN, entity_view, fabric_view,
+                                        jobs_view)
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 
@@ -137,13 +138,13 @@ def test_every_api_answer_is_bounded_whatever_the_lists_hold():
         big.rank_steps.add(job_id="huge", rank=r, world_size=100_000, node=f"node-{r // 8}", step=1,
                            start_unix_ns=t0, step_seconds=1.0, busy_seconds=0.5, collective_wait_seconds=0.5)
     state.add_rank_steps(big)
-    fabric = state.fabric_view(t0)
+    fabric = fabric_view(state, t0)
     assert len(fabric["switches"]) == MAX_SWITCHES_SHOWN and fabric["switches_total"] == 5000
     assert len(fabric["open_anomalies"]) == MAX_OPEN_SHOWN and fabric["open_total"] == 3000
     assert max(len(a["related"]) for a in fabric["open_anomalies"]) == MAX_RELATED_SHOWN
-    [job] = state.jobs_view()
+    [job] = jobs_view(state)
     assert len(job["ranks"]) == MAX_RANKS_SHOWN and job["ranks_seen"] == 100_000
-    for view in (fabric, state.jobs_view(), state.entity_view("node-1", t0)):
+    for view in (fabric, jobs_view(state), entity_view(state, "node-1", t0)):
         assert len(json.dumps(view)) < MAX_RESPONSE_BYTES
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fabricwatch.dashboard.state import entity_path
+from fabricwatch.dashboard.shapes import entity_path
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.streams import topics
 from dashboard_scenario import fault_scenario

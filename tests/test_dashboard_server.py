@@ -10,7 +10,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from test_dashboard_state import decision, storm_event
 
 from fabricwatch.dashboard.server import STATIC_DIR, SseHub, _Client, build_app, parse_listen
-from fabricwatch.dashboard.state import FabricState, FeedFilter
+from fabricwatch.dashboard.state import FabricState
+from fabricwatch.dashboard.views import FeedFilter
 from fabricwatch.protos.v1 import events_pb2 as ev
 
 

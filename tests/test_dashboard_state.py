@@ -1,4 +1,5 @@
-"""The dashboard's in-memory model (`dashboard/state.py`) and record decoding (`dashboard/feed.py`)."""
+"""The dashboard's in-memory model (`dashboard/state.py`, `series.py`), its views (`views.py`) and record
+decoding (`dashboard/feed.py`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,9 +7,10 @@ import pytest
 from helpers import gpu_block, nic_snapshot, telemetry_value
 
 from fabricwatch.dashboard.feed import apply_record
-from fabricwatch.dashboard.state import (
-    DashboardLimits, FabricState, FeedFilter, SeriesTable, entity_path,
-)
+from fabricwatch.dashboard.series import SeriesTable
+from fabricwatch.dashboard.shapes import entity_path
+from fabricwatch.dashboard.state import DashboardLimits, FabricState
+from fabricwatch.dashboard.views import FeedFilter, entity_view, fabric_view, feed_view, jobs_view
 from fabricwatch.models.topology import rail_optimised
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
@@ -149,9 +151,9 @@ def test_resolution_clears_the_health_and_keeps_the_episode():
     state.add_anomaly(storm_event())
     assert state.add_anomaly(storm_event(ev.LIFECYCLE_RESOLVED, t_s=20))
     assert state.health("node-0001/mlx5_5/1").role == "ok" and not state.open
-    view = state.entity_view("node-0001/mlx5_5/1", T0)
+    view = entity_view(state, "node-0001/mlx5_5/1", T0)
     assert [a["lifecycle"] for a in view["anomalies"]] == ["resolved"]
-    victim = state.entity_view("node-0002/mlx5_5/1", T0)
+    victim = entity_view(state, "node-0002/mlx5_5/1", T0)
     assert victim["anomalies"][0]["relation"] == "related"
 
 
@@ -185,9 +187,9 @@ def test_decisions_from_actions_and_audit_count_once_and_shadow_reads_would_have
     assert state.add_decision(decision())
     assert not state.add_decision(decision())                    # the same decision from the audit topic
     assert state.add_decision(decision(ev.OUTCOME_EXECUTED, shadow=False))
-    on_port = state.entity_view("node-0001/mlx5_5/1", T0)["decisions"]   # matched through the anomaly
+    on_port = entity_view(state, "node-0001/mlx5_5/1", T0)["decisions"]   # matched through the anomaly
     assert [(d["outcome"], d["would_have"]) for d in on_port] == [("executed", False), ("shadow", True)]
-    assert [d["action"] for d in state.entity_view("node-0001", T0)["decisions"]] == ["drain_node"] * 2
+    assert [d["action"] for d in entity_view(state, "node-0001", T0)["decisions"]] == ["drain_node"] * 2
 
 
 def rank_steps(job, steps, t_s=0) -> pb.Snapshot:
@@ -207,7 +209,7 @@ def test_jobs_show_ranks_step_times_and_stragglers_with_cause():
     assert not state.add_rank_steps(rank_steps("job-7", [(0, 3, 9.0, 1.0)]))        # an old step
     state.add_anomaly(anomaly("straggler", path(node="node-0004", device="gpu0", rank="2", job="job-7"), "strag",
                               probable_cause="thermal throttling (HwThermalSlowdown)", severity=ev.SEVERITY_WARNING))
-    (job,) = state.jobs_view()
+    (job,) = jobs_view(state)
     assert job["world_size"] == 4 and job["nodes"] == ["node-0003", "node-0004"]
     assert job["stragglers"] == [2]
     rank2 = job["ranks"][2]
@@ -239,10 +241,10 @@ def test_feed_filters_by_kind_severity_job_and_switch():
 
     def kinds(**q):
         return [(i["type"], i["data"].get("kind") or i["data"]["anomaly_kind"])
-                for i in state.feed_view(FeedFilter.parse(q))]
+                for i in feed_view(state, FeedFilter.parse(q))]
 
     assert kinds(kind="gpu_xid") == [("anomaly", "gpu_xid")] * 2
-    assert [i["data"]["dedup_key"] for i in state.feed_view(FeedFilter(kind="gpu_xid"))] == ["x", "early"]
+    assert [i["data"]["dedup_key"] for i in feed_view(state, FeedFilter(kind="gpu_xid"))] == ["x", "early"]
     assert kinds(severity="warning") == [("decision", "link_downgrade"), ("anomaly", "link_downgrade")]
     assert kinds(job="job-7") == [("decision", "link_downgrade"), ("anomaly", "link_downgrade")]
     assert kinds(switch="leaf-u0-r2") == [("decision", "link_downgrade"), ("anomaly", "link_downgrade")]
@@ -267,20 +269,20 @@ def test_fabric_view_from_a_topology_file_with_cabling_and_silence():
     state = FabricState(topo, stale_after_s=30)
     state.add_snapshot(nic_tick(0, 1, 0, 0, 0, source="node-0002"))
     state.add_anomaly(storm_event())
-    view = state.fabric_view(now_ns=T0 + 10 * S)
+    view = fabric_view(state, now_ns=T0 + 10 * S)
     assert view["rails"] == list(range(8)) and view["gpus"] == 8 and view["topology_source"] == "file"
     rows = {r["node"]: r for r in view["rows"]}
     assert rows["node-0001"]["nics"][5]["health"]["role"] == "source"
     assert rows["node-0001"]["nics"][5]["peer"] == "leaf-u0-r5/Ethernet0"
     assert rows["node-0001"]["silent"] and not rows["node-0002"]["silent"]      # node-0001 never reported
-    assert not state.fabric_view(now_ns=T0 + 10 * S)["rows"][1]["silent"]
-    assert state.fabric_view(now_ns=T0 + 60 * S)["rows"][1]["silent"]           # quiet for 60 s > 30 s
+    assert not fabric_view(state, now_ns=T0 + 10 * S)["rows"][1]["silent"]
+    assert fabric_view(state, now_ns=T0 + 60 * S)["rows"][1]["silent"]           # quiet for 60 s > 30 s
     assert {s["name"]: s["role"] for s in view["switches"]}["spine-1"] == "spine"
-    problems = state.fabric_view(T0, problems_only=True, limit=3)     # source, victim, silent; node-0004 on page 2
+    problems = fabric_view(state, T0, problems_only=True, limit=3)     # source, victim, silent; node-0004 on page 2
     assert [r["node"] for r in problems["rows"]] == ["node-0001", "node-0002", "node-0003"]
     assert problems["nodes_total"] == 4
-    assert state.entity_view("leaf-u0-r5/Ethernet0", T0)["peer"] == "node-0001/mlx5_5/1"
-    assert state.entity_view("no-such-thing", T0) is None
+    assert entity_view(state, "leaf-u0-r5/Ethernet0", T0)["peer"] == "node-0001/mlx5_5/1"
+    assert entity_view(state, "no-such-thing", T0) is None
 
 
 def test_limits_and_paths_refuse_bad_values():

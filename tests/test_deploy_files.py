@@ -322,7 +322,7 @@ def test_helm_collector_daemonset_fits_gpu_nodes(rendered):
     assert sys_volume["hostPath"]["path"] == "/sys"
     config = yaml.safe_load(next(o for o in objects if o["kind"] == "ConfigMap"
                                  and o["metadata"]["name"].endswith("-collector"))["data"]["collector.yaml"])
-    from fabricwatch.collectors.node import NodeConfig
+    from fabricwatch.collectors.node_config import NodeConfig
 
     node = NodeConfig.from_dict({**config, "node_name": "gpu-001"})     # the real loader accepts it
     assert node.gateway.target.endswith(".svc:50051") and node.sysfs_root == "/host/sys"

@@ -5,7 +5,7 @@ import pytest
 from fabricwatch.collectors.faults import EcmpPolarization, SwitchLinkDown
 from fabricwatch.collectors.simulator import _SC, ClusterSimulator
 from fabricwatch.evaluation.matching import match
-from fabricwatch.evaluation.report import FABRICWATCH, run_scenario
+from fabricwatch.evaluation.runs import FABRICWATCH, run_scenario
 from fabricwatch.evaluation.scenarios import Scenario
 from fabricwatch.models.ecmp_imbalance import (
     MAX_OVER_MEAN, OPEN_WINDOWS, RESOLVE_WINDOWS, WINDOW_S, EcmpImbalanceDetector,

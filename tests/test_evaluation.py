@@ -7,7 +7,8 @@ import pytest
 from fabricwatch.collectors.faults import GroundTruth
 from fabricwatch.evaluation.baselines import StaticRules
 from fabricwatch.evaluation.matching import CLOCK_TOLERANCE_NS, detection_from_event, entity_path, grace_ns, match
-from fabricwatch.evaluation.scenarios import FAULT_CLASSES, SuiteConfig, build_suites, expected_case_counts
+from fabricwatch.evaluation.scenarios import FAULT_CLASSES, SuiteConfig, expected_case_counts
+from fabricwatch.evaluation.suites import build_suites
 from fabricwatch.models.frames import EntityFrame, SourceView
 from fabricwatch.models.rates import RateTracker
 from fabricwatch.protos.v1 import events_pb2 as ev
@@ -185,7 +186,8 @@ def test_full_suites_have_enough_cases_per_class():
 
 
 def test_quick_eval_writes_report_and_scores_a_clear_downgrade(tmp_path):
-    from fabricwatch.evaluation.report import FABRICWATCH, STATIC, evaluate
+    from fabricwatch.evaluation.report import evaluate
+    from fabricwatch.evaluation.runs import FABRICWATCH, STATIC
 
     out = tmp_path / "evaluation.md"
     scores, runs = evaluate(out, quick=True, jobs=1, progress=False)

@@ -11,6 +11,7 @@ from fabricwatch.actions.alerts.message import alert_from_anomaly
 from fabricwatch.actions.policy import PolicyError, parse_policy
 from fabricwatch.console import LiveView, format_event
 from fabricwatch.dashboard.state import FabricState
+from fabricwatch.dashboard.views import open_summary
 from fabricwatch.models.findings import CRITICAL, OPEN, RESOLVED, WARNING, EntityRef, Evidence, Finding
 from fabricwatch.models.impact import (
     DEFAULT_SINCE_CHECKPOINT_S, ESTIMATED, MEASURED, SLOWDOWN_PRIOR, ImpactModel, JobShare, projected_gpu_hours,
@@ -206,12 +207,12 @@ def test_dashboard_lists_open_anomalies_by_what_they_cost_by_now():
     state.add_anomaly(_event("old-big", 10.0, 0.0, t_s=0))
     state.add_anomaly(_event("fast", 0.0, 100.0, t_s=0))
     half_hour = T0 + HOUR // 2
-    order = [a["dedup_key"] for a in state.open_summary(now_ns=half_hour)]
+    order = [a["dedup_key"] for a in open_summary(state, now_ns=half_hour)]
     assert order == ["fast", "old-big", "cheap"]            # 50 > 10 > 1.25 GPU-hours by now
-    top = state.open_summary(now_ns=half_hour)[0]
+    top = open_summary(state, now_ns=half_hour)[0]
     assert top["impact_gpu_hours_now"] == pytest.approx(50.0)
     assert top["impact_basis"] == MEASURED and top["impact_gpu_hours_per_hour"] == 100.0
-    early = [a["dedup_key"] for a in state.open_summary(now_ns=T0)]   # nothing lost yet: the recorded values
+    early = [a["dedup_key"] for a in open_summary(state, now_ns=T0)]   # nothing lost yet: the recorded values
     assert early == ["old-big", "cheap", "fast"]
 
 
@@ -269,8 +270,9 @@ def test_truth_is_what_the_job_did_not_progress():
 
 
 def test_eval_measures_truth_and_ranks_our_impact():
-    from fabricwatch.evaluation.report import FABRICWATCH, run_scenario, score
-    from fabricwatch.evaluation.scenarios import _stragglers
+    from fabricwatch.evaluation.runs import FABRICWATCH, run_scenario
+    from fabricwatch.evaluation.scoring import score
+    from fabricwatch.evaluation.fault_scenarios import _stragglers
 
     run = run_scenario(_stragglers(0, 200), (FABRICWATCH,))
     stragglers = [gt for gt in run.truths if gt.kind == "straggler" and gt.expect_alert]

@@ -148,7 +148,8 @@ async def test_sender_counts_dropped_snapshots_when_full(registry):
 # ---------------------------------------------------------------------------- collectors
 async def test_node_collector_counts_samples_per_source_and_field_errors(registry, tmp_path):
     from fabricwatch.collectors.ethtool_stats import EthtoolReader, RecordedSource
-    from fabricwatch.collectors.node import NodeCollector, NodeConfig
+    from fabricwatch.collectors.node import NodeCollector
+    from fabricwatch.collectors.node_config import NodeConfig
 
     fixtures = ROOT / "tests/fixtures"
     root = tmp_path / "sysfs"

@@ -29,8 +29,10 @@ import pytest
 from helpers import RecordingSink, free_port, start_server
 
 from fabricwatch.collectors import node as node_mod
+from fabricwatch.collectors import node_cli, node_config
 from fabricwatch.collectors.ethtool_stats import EthtoolFilter, EthtoolReader, RecordedSource, parse_ethtool_s
-from fabricwatch.collectors.node import ConfigError, NodeCollector, NodeConfig, load_config
+from fabricwatch.collectors.node import NodeCollector
+from fabricwatch.collectors.node_config import ConfigError, NodeConfig, load_config
 from fabricwatch.collectors.nvml_gpu import COUNTER_NAMES, GAUGE_NAMES, GpuReader
 from fabricwatch.collectors.sender import GatewaySender, SenderConfig
 from fabricwatch.collectors.sysfs_nic import NicReader, rows_to_blocks
@@ -892,7 +894,7 @@ def test_config_refuses_unknown_keys_and_bad_values_with_clear_errors(tmp_path):
     assert load("intervals:\n  nvml: 2.0\nnvml:\n  slow_fields_s: 2.0\n").nvml_slow_every == 1
     assert load("intervals:\n  nvml: 3.0\n").nvml_slow_every == 3              # 10 s in 3 s samples
     config = load("")
-    assert config.intervals.ethtool_pfc == 0.1 and config.gateway.max_buffered == node_mod.DEFAULT_MAX_BUFFERED
+    assert config.intervals.ethtool_pfc == 0.1 and config.gateway.max_buffered == node_config.DEFAULT_MAX_BUFFERED
     assert (config.nvml.slow_fields_s, config.nvml_slow_every) == (10.0, 10)
     assert config.source_name == socket.gethostname()
 
@@ -920,7 +922,7 @@ def test_cli_once_print_prints_one_snapshot_as_json(tmp_path, capsys):
     cfg.write_text(f"node_name: node-0001\ncluster: c1\nsysfs_root: {ROCE}\nsources:\n  nvml: false\n"
                    f"ethtool:\n  recorded_dir: {rec}\n")
     parser = argparse.ArgumentParser()
-    node_mod.add_parser(parser.add_subparsers(dest="command"))
+    node_cli.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["collect", "--config", str(cfg), "--once", "--print"])
     assert args.func(args) == 0
     snap = json_format.Parse(capsys.readouterr().out.strip(), pb.Snapshot())

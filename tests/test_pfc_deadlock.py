@@ -3,7 +3,7 @@ import pytest
 
 from fabricwatch.collectors.faults import PfcDeadlock, PfcStorm
 from fabricwatch.evaluation.matching import match
-from fabricwatch.evaluation.report import FABRICWATCH, run_scenario
+from fabricwatch.evaluation.runs import FABRICWATCH, run_scenario
 from fabricwatch.evaluation.scenarios import Scenario
 from fabricwatch.models.findings import OPEN, RESOLVED, EntityRef
 from fabricwatch.models.pfc_deadlock import DEADLOCK_HOLD_MS, PfcDeadlockDetector, find_cycles

@@ -28,14 +28,16 @@ import grpc
 import pytest
 from helpers import running_gateway
 
-from fabricwatch import rank as rank_mod
 from fabricwatch.models.frames import RankStep
 from fabricwatch.models.straggler import StragglerDetector
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.protos.v1 import telemetry_pb2_grpc as pb_grpc
-from fabricwatch.rank import (RankIdentity, RankReporter, StepRecord, clean_name, ingest_nccl_inspector,
+from fabricwatch.rank import (RankIdentity, RankReporter, StepRecord, ingest_nccl_inspector,
                               instrument_torch)
+from fabricwatch.rank import client as rank_client
+from fabricwatch.rank import reporter as rank_reporter
+from fabricwatch.rank.identity import clean_name
 from fabricwatch.streams.validate import validate_snapshot
 
 TESTS = Path(__file__).resolve().parent
@@ -102,7 +104,7 @@ def fake_gateway(token: str = "", credentials=None):
 
 
 class FakeClock:
-    """Stands in for the `time` module inside fabricwatch.rank: perf_counter is set by hand."""
+    """Stands in for the `time` module inside the reporter and its client: perf_counter is set by hand."""
 
     def __init__(self) -> None:
         self.t = 100.0
@@ -119,7 +121,8 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch) -> FakeClock:
     fake = FakeClock()
-    monkeypatch.setattr(rank_mod, "time", fake)
+    monkeypatch.setattr(rank_reporter, "time", fake)
+    monkeypatch.setattr(rank_client, "time", fake)
     return fake
 
 
@@ -833,7 +836,7 @@ def test_progress_counters_overhead_and_heartbeat_cpu():
             r._beat()
         beat_us = (time.process_time() - t0) / n * 1e6
         print(f"progress counters: {ns:.0f} ns per collective (begin+end); heartbeat build {beat_us:.2f} µs "
-              f"-> {beat_us / rank_mod.HEARTBEAT_INTERVAL_S:.3f} µs CPU per second at the default period, "
+              f"-> {beat_us / rank_reporter.HEARTBEAT_INTERVAL_S:.3f} µs CPU per second at the default period, "
               "plus one unary Send per period")
         assert ns < 5000 and r.stats["collectives_entered"] == 7 * n
     finally:

@@ -201,7 +201,9 @@ def test_hang_roots_are_spelled_as_the_hang_detector_codes_them():
 
 
 def test_hang_scenarios_cover_every_root_and_negative_with_enough_cases():
-    from fabricwatch.evaluation.scenarios import HANG_NEGATIVES, HANG_VARIANTS, SuiteConfig, build_suites
+    from fabricwatch.evaluation.fault_scenarios import HANG_NEGATIVES, HANG_VARIANTS
+    from fabricwatch.evaluation.scenarios import SuiteConfig
+    from fabricwatch.evaluation.suites import build_suites
 
     suites = [s for s in build_suites(SuiteConfig(healthy_node_hours=0.0)) if s.suite == "hang"]
     roots, negatives = defaultdict(int), set()
@@ -217,8 +219,8 @@ def test_hang_scenarios_cover_every_root_and_negative_with_enough_cases():
 
 def test_the_pipeline_names_the_stuck_rank_and_stays_silent_on_the_paused_job():
     from fabricwatch.evaluation.matching import match
-    from fabricwatch.evaluation.report import FABRICWATCH, run_scenario
-    from fabricwatch.evaluation.scenarios import _hang
+    from fabricwatch.evaluation.runs import FABRICWATCH, run_scenario
+    from fabricwatch.evaluation.fault_scenarios import _hang
 
     sc = _hang(8, 808)                      # stuck process; the other job paused
     assert [type(f).__name__ for f in sc.faults] == ["RankStuck", "JobPause"]

@@ -401,7 +401,7 @@ def test_lingering_collectors_do_not_hold_the_storm_clock_back_but_node_health_w
     over at once. Stage 1's progress for the storm stage runs at the newest tick (within
     the linger of the slowest source); its progress for node health (the facts) waits for
     the slowest source."""
-    from fabricwatch.collectors.node import GatewaySettings
+    from fabricwatch.collectors.node_config import GatewaySettings
 
     assert DetectionConfig().collector_linger_s >= GatewaySettings().linger_s
     stage = source_stage.SourceStage(DetectionConfig(), TOPO, DetectionPipeline().facts, "t", 0, 1)

@@ -1,397 +1,41 @@
 """Run the suites, score fabricwatch and both baselines, write ``docs/evaluation.md`` and plots.
 
-Each scenario is simulated tick by tick; every chunk of ticks goes through
-`streams.replay.replay` with one fresh `DetectionPipeline(topology=sim.topology)` per
-scenario (validated, sorted by event time, exactly as `fabricwatch replay` does), then the
-same (validated) snapshots, decoded with `streams.decode.to_view` and
-`models.rates.RateTracker`, go through the static rules and river's HalfSpaceTrees. The
-three event streams are scored by `matching.match` against `ClusterSimulator.ground_truth`.
+Running is `runs`, scoring `scoring`, the plots `plots`; this module writes the markdown
+(targets and verdicts, per-class tables, causes, impact, notes) and is the entry point.
 
     fabricwatch eval                       # full suites -> docs/evaluation.md + docs/evaluation/*.png
     fabricwatch eval --quick --out /tmp/e.md
 """
 from __future__ import annotations
 
-import logging
-import math
 import platform
 import sys
 import time
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field, replace
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
-from fabricwatch.collectors.faults import GroundTruth
 from fabricwatch.machine import cpu_model, usable_cpus
-from fabricwatch.models.impact import projected_gpu_hours
 from fabricwatch.models.ecmp_imbalance import OPEN_WINDOWS, WINDOW_S
 from fabricwatch.models.link_down import LINK_DOWN_HOLD_S
 from fabricwatch.models.pfc_deadlock import DEADLOCK_HOLD_MS
-from fabricwatch.models.rates import RateTracker
-from fabricwatch.streams.decode import to_view
-from fabricwatch.streams.events import to_event
-from fabricwatch.streams.pipeline import DetectionPipeline
 from fabricwatch.streams.replay import WINDOW_S as REPLAY_WINDOW_S
-from fabricwatch.streams.replay import replay
 
-from .baselines import HST_THRESHOLD, SCORE_BINS, HstBaseline, StaticRules, StaticRulesConfig
-from .impact import TAIL_S, TOP_K, ranking, truth_gpu_hours
-from .matching import Detection, Match, detection_from_event, match
-from .scenarios import FAULT_CLASSES, T_DETECT_S, Scenario, SuiteConfig, build_suites
+from .baselines import HST_THRESHOLD, SCORE_BINS
+from .impact import TAIL_S, TOP_K
+from .plots import write_plots
+from .runs import DETECTORS, FABRICWATCH, HST, STATIC, ScenarioRun, run_all
+from .scenarios import FAULT_CLASSES, T_DETECT_S, SuiteConfig
+from .scoring import (TARGET_CAUSE_ACCURACY, TARGET_F1, TARGET_FP_PER_1000_NODE_HOURS, TARGET_HANG_S, TARGET_PRECISION,
+                      ClassScore, Scores, per_1000, poisson_upper, score)
+from .suites import build_suites
 
-log = logging.getLogger("fabricwatch.eval")
-
-FABRICWATCH, STATIC, HST = "fabricwatch", "static rules", "river HST"
-DETECTORS = (FABRICWATCH, STATIC, HST)
 LABELLED_SUITES = ("fault_mix", "straggler", "pfc_storm", "must_not_fire", "link_down", "ecmp_imbalance",
                    "pfc_deadlock")
 LABELLED_SUITES += ("congestion",)       # ecn_pfc_misorder, lossless_drop (issue 15)
 LABELLED_SUITES += ("hang",)
-CHUNK_S = 20.0                     # simulated seconds per replay call (bounds memory)
-STEP_TOLERANCE_NS = 10_000_000     # node clocks: +-5 ms
-
-TARGET_F1 = 0.95
-TARGET_PRECISION = 0.95
-TARGET_FP_PER_1000_NODE_HOURS = 1.0
-TARGET_STRAGGLER_STEPS = 3
-# Share of injected stragglers named with their true probable cause (issue #14: the cause is
-# what on-call acts on; a missed straggler has no cause and counts as wrong).
-TARGET_CAUSE_ACCURACY = 0.9
-# The simulator's straggler causes -> the cause code fabricwatch should give (the software
-# and hardware thermal slowdowns are both "thermal").
-STRAGGLER_CAUSE_CODE = {"sw_thermal": "thermal"}
-# Issue #15: a hung collective's culprit named within 60 s of the hang (the NCCL watchdog's
-# default timeout is 10 min), with its probable root right as often as a straggler's cause.
-TARGET_HANG_S = 60.0
-
-
-# --------------------------------------------------------------------------- running
-
-
-@dataclass
-class ScenarioRun:
-    scenario: Scenario
-    truths: list[GroundTruth]
-    detections: dict[str, list[Detection]]
-    lifecycle: dict[str, Counter]
-    job_steps: dict[str, list[tuple[int, int]]]
-    end_ns: int
-    snapshots: int
-    seconds: dict[str, float]
-    stats: Counter = field(default_factory=Counter)
-    hst_scores: np.ndarray | None = None      # histogram of every HST score (SCORE_BINS bins over [0, 1])
-    # fabricwatch: dedup key -> its last event's (GPU-hours lost, GPU-hours per hour, detected ns)
-    impact: dict[str, tuple[float, float, int]] = field(default_factory=dict)
-    job_nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)   # the simulated jobs' placements
-
-
-def run_scenario(sc: Scenario, detectors: tuple[str, ...] = DETECTORS) -> ScenarioRun:
-    """Simulate one scenario and run every detector over the same telemetry."""
-    t_start = time.perf_counter()
-    sim = sc.simulator()
-    topo = sim.topology
-    pipeline = DetectionPipeline(topology=topo)
-    static = StaticRules(topo, StaticRulesConfig()) if STATIC in detectors else None
-    hst = HstBaseline(topo, seed=sc.seed) if HST in detectors else None
-    rates = RateTracker()
-    seconds: Counter = Counter()
-    dets: dict[str, list[Detection]] = {d: [] for d in detectors}
-    life: dict[str, Counter] = {d: Counter() for d in detectors}
-    steps: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    stats: Counter = Counter()
-    n_snap = 0
-    per_chunk = max(1, int(round(CHUNK_S / sc.tick_s)))
-    left = sc.ticks
-
-    impact: dict[str, tuple[float, float, int]] = {}
-    progress: dict[str, list[tuple[int, int]]] = defaultdict(list)
-
-    def keep(name: str, events) -> None:
-        for e in events:
-            life[name][e.lifecycle] += 1
-            if name == FABRICWATCH:
-                impact[e.dedup_key] = (e.impact_gpu_hours, e.impact_gpu_hours_per_hour, e.detected_unix_ns)
-            d = detection_from_event(e)
-            if d is not None:
-                dets[name].append(d)
-
-    while left > 0:
-        k = min(per_chunk, left)
-        left -= k
-        t0 = time.perf_counter()
-        snaps = [s for _ in range(k) for s in sim.tick()]
-        seconds["simulator"] += time.perf_counter() - t0
-        n_snap += len(snaps)
-        if FABRICWATCH in detectors:
-            t0 = time.perf_counter()
-            result = replay(snaps, pipeline, finish=left == 0)
-            seconds[FABRICWATCH] += time.perf_counter() - t0
-            keep(FABRICWATCH, result.events)
-            stats.update({k_: v for k_, v in result.stats.items() if k_.startswith("problem:")})
-            stats["rejected_snapshots"] += result.stats.get("rejected_snapshots", 0)
-        # The baselines see the snapshots as replay left them (validated in place), in its order.
-        ordered = sorted(snaps, key=lambda s: (s.time_unix_ns, s.source, s.seq))
-        t_dec = t_static = t_hst = 0.0
-        last: dict[str, int] = {}
-        for snap in ordered:
-            for rs in snap.rank_steps:
-                if rs.rank == 0:
-                    steps[rs.job_id].append((rs.start_unix_ns, rs.start_unix_ns + int(rs.step_seconds * 1e9)))
-                    progress[rs.job_id].append((rs.start_unix_ns, rs.step))
-            if static is None and hst is None:
-                continue
-            prev = last.get(snap.source)
-            if prev is not None and snap.time_unix_ns <= prev:
-                continue                               # late / duplicate: skipped like the pipeline does
-            last[snap.source] = snap.time_unix_ns
-            t0 = time.perf_counter()
-            view = to_view(snap)
-            for frame in view.frames:
-                rates.update(view.source, frame, view.time_ns)
-            t1 = time.perf_counter()
-            t_dec += t1 - t0
-            if static is not None:
-                keep(STATIC, [to_event(f, f.detected_ns) for f in static.update(view)])
-                t2 = time.perf_counter()
-                t_static += t2 - t1
-                t1 = t2
-            if hst is not None:
-                keep(HST, [to_event(f, f.detected_ns) for f in hst.update(view)])
-                t_hst += time.perf_counter() - t1
-        # decoding is shared by both baselines: charge half to each
-        if static is not None:
-            seconds[STATIC] += t_static + (t_dec / 2 if hst is not None else t_dec)
-        if hst is not None:
-            seconds[HST] += t_hst + (t_dec / 2 if static is not None else t_dec)
-        del snaps, ordered
-    seconds["total"] = time.perf_counter() - t_start
-    stats.update({f"pipeline:{k_}": v for k_, v in pipeline.counters().items()})
-    truths = sim.ground_truth()
-    lost = truth_gpu_hours(truths, {j.job_id: tuple(j.nodes) for j in sim.jobs}, topo.gpus_per_node,
-                           {j: sorted(p) for j, p in progress.items()}, sc.simulator_start_ns, sim.now_unix_ns)
-    truths = [replace(gt, gpu_hours_lost=x) for gt, x in zip(truths, lost)]
-    return ScenarioRun(sc, truths, dets, life, dict(steps), sim.now_unix_ns, n_snap, dict(seconds), stats,
-                       hst.score_hist if hst is not None else None, impact,
-                       {j.job_id: tuple(j.nodes) for j in sim.jobs})
-
-
-def _run_one(args) -> ScenarioRun:
-    sc, detectors = args
-    return run_scenario(sc, detectors)
-
-
-def run_all(scenarios: list[Scenario], detectors: tuple[str, ...] = DETECTORS, jobs: int = 1,
-            progress=None) -> list[ScenarioRun]:
-    """Every scenario, in order; ``jobs`` > 1 runs scenarios in that many processes."""
-    out: list[ScenarioRun] = []
-    work = [(sc, detectors) for sc in scenarios]
-    if jobs <= 1:
-        for i, w in enumerate(work):
-            out.append(_run_one(w))
-            if progress:
-                progress(i + 1, len(work), out[-1])
-        return out
-    import multiprocessing as mp
-
-    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-    # longest first, so the pool does not end on one straggling scenario
-    order = sorted(range(len(work)), key=lambda i: -scenarios[i].ticks * (scenarios[i].n_nodes + 10))
-    results: dict[int, ScenarioRun] = {}
-    with ctx.Pool(jobs) as pool:
-        for n, (i, run) in enumerate(pool.imap_unordered(_indexed, [(i, work[i]) for i in order]), 1):
-            results[i] = run
-            if progress:
-                progress(n, len(work), run)
-    return [results[i] for i in range(len(work))]
-
-
-def _indexed(item):
-    i, w = item
-    return i, _run_one(w)
-
-
-# --------------------------------------------------------------------------- scoring
-
-
-@dataclass
-class ClassScore:
-    tp: int = 0
-    fp: int = 0
-    fn: int = 0
-    duplicates: int = 0
-    explained: int = 0
-    delays_s: list[float] = field(default_factory=list)
-    delay_steps: list[int] = field(default_factory=list)
-    within_bound: list[bool] = field(default_factory=list)   # only where a delay target applies
-    healthy_fp: int = 0
-    fp_reasons: Counter = field(default_factory=Counter)
-
-    @property
-    def precision(self) -> float | None:
-        return self.tp / (self.tp + self.fp) if self.tp + self.fp else None
-
-    @property
-    def recall(self) -> float | None:
-        return self.tp / (self.tp + self.fn) if self.tp + self.fn else None
-
-    @property
-    def f1(self) -> float | None:
-        p, r = self.precision, self.recall
-        if p is None or r is None:
-            return None
-        return 2 * p * r / (p + r) if p + r else 0.0
-
-
-@dataclass
-class Scores:
-    classes: dict[str, dict[str, ClassScore]]          # detector -> class -> score
-    matches: dict[tuple[str, str], Match]              # (scenario, detector) -> match
-    healthy_node_hours: float
-    healthy_fp: dict[str, Counter]                     # detector -> kind -> FPs on healthy runs
-    healthy_node_hours_by_interval: dict[float, float]
-    # fabricwatch: true straggler cause -> Counter(cases, named, correct), and the wrong answers
-    straggler_causes: dict[str, Counter] = field(default_factory=dict)
-    cause_confusion: Counter = field(default_factory=Counter)   # (true cause, given cause code)
-    # fabricwatch's impact against the simulated jobs' loss, per suite (and "all"): `impact.ranking`
-    impact_ranking: dict[str, dict] = field(default_factory=dict)
-    # fabricwatch: a hang's true root -> Counter(cases, named, correct), and the wrong answers
-    hang_roots: dict[str, Counter] = field(default_factory=dict)
-    hang_confusion: Counter = field(default_factory=Counter)
-
-    def cause_accuracy(self) -> tuple[int, int]:
-        """(correct, cases) over every injected straggler."""
-        return (sum(c["correct"] for c in self.straggler_causes.values()),
-                sum(c["cases"] for c in self.straggler_causes.values()))
-
-
-def _steps_between(run: ScenarioRun, job: str, onset_ns: int, detected_ns: int) -> int | None:
-    steps = run.job_steps.get(job)
-    if not steps:
-        return None
-    return sum(1 for s, e in steps if s >= onset_ns - STEP_TOLERANCE_NS and e <= detected_ns + STEP_TOLERANCE_NS)
-
-
-def _bound_s(cls: str, interval_s: float) -> float | None:
-    """The delay target of a class, in seconds, where it is one (else None)."""
-    if cls == "pfc_storm":
-        return T_DETECT_S + interval_s if interval_s < T_DETECT_S else None   # judged on 0.1 s sampling only
-    if cls in ("link_downgrade", "pcie_downgrade"):
-        return interval_s
-    if cls == "link_down":
-        return LINK_DOWN_HOLD_S + 2 * interval_s      # the hold, then a sample or two
-    if cls == "ecmp_imbalance":
-        return (OPEN_WINDOWS + 1) * WINDOW_S + interval_s   # the persistence, a window of alignment, a sample
-    if cls == "pfc_deadlock":                         # the watchdogs' detection, the hold, the watermark's step
-        return T_DETECT_S + DEADLOCK_HOLD_MS / 1e3 + REPLAY_WINDOW_S + interval_s
-    if cls == "hang":
-        return TARGET_HANG_S
-    return None
-
-
-def score(runs: list[ScenarioRun], detectors: tuple[str, ...] = DETECTORS) -> Scores:
-    classes: dict[str, dict[str, ClassScore]] = {d: defaultdict(ClassScore) for d in detectors}
-    matches: dict[tuple[str, str], Match] = {}
-    healthy_fp: dict[str, Counter] = {d: Counter() for d in detectors}
-    nh = 0.0
-    nh_by_iv: Counter = Counter()
-    for run in runs:
-        sc = run.scenario
-        if sc.suite == "healthy":
-            nh += sc.node_hours
-            nh_by_iv[sc.interval_s] += sc.node_hours
-        for d in detectors:
-            m = match(run.detections.get(d, []), run.truths, sc.interval_s, run.end_ns, run.job_nodes)
-            matches[(sc.name, d)] = m
-            cs = classes[d]
-            if sc.suite == "healthy":
-                for fp in m.fps:
-                    healthy_fp[d][fp.cls] += 1
-                    cs[fp.cls].healthy_fp += 1
-                continue
-            for tp in m.tps:
-                c = cs[tp.cls]
-                c.tp += 1
-                c.delays_s.append(tp.delay_ns / 1e9)
-                if tp.cls == "straggler":
-                    job = tp.entity.split("/")[1]
-                    n = _steps_between(run, job, tp.onset_ns, tp.detected_ns)
-                    if n is not None:
-                        c.delay_steps.append(n)
-                        c.within_bound.append(n <= TARGET_STRAGGLER_STEPS)
-                else:
-                    bound = _bound_s(tp.cls, sc.tick_s if tp.cls == "pfc_storm" else sc.interval_s)
-                    if (tp.detail or {}).get("switch_source"):
-                        bound = None       # a switch-port root waits the locator's grace (ORPHAN_GRACE_MS)
-                    if bound is not None:
-                        c.within_bound.append(tp.delay_ns / 1e9 <= bound + 0.01)
-            for fn in m.fns:
-                cs[fn.cls].fn += 1
-            for fp in m.fps:
-                cs[fp.cls].fp += 1
-                cs[fp.cls].fp_reasons[fp.fp_reason.split(";")[0]] += 1
-            for dup in m.duplicates:
-                cs[dup.kind].duplicates += 1
-            for ex, _ in m.explained:
-                cs[ex.kind].explained += 1
-    causes, confusion = _straggler_causes(runs, matches)
-    roots, root_confusion = _named_causes(runs, matches, "hang", "root", {})
-    return Scores({d: dict(v) for d, v in classes.items()}, matches, nh, healthy_fp, dict(nh_by_iv), causes, confusion,
-                  _impact_ranking(runs, matches) if FABRICWATCH in detectors else {}, roots, root_confusion)
-
-
-def _impact_ranking(runs: list[ScenarioRun], matches: dict) -> dict[str, dict]:
-    """Per labelled suite (and "all"): our impact vs the truth's over fabricwatch's true positives."""
-    pairs: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for run in runs:
-        m = matches.get((run.scenario.name, FABRICWATCH))
-        if m is None or run.scenario.suite == "healthy":
-            continue
-        for tp in m.tps:
-            truth = run.truths[tp.gt_index].gpu_hours_lost
-            last = run.impact.get(tp.dedup_key)
-            if truth is None or last is None:
-                continue
-            ours = projected_gpu_hours(*last, run.end_ns)      # still open at the end: its cost by then
-            pairs[run.scenario.suite].append((ours, truth))
-            pairs["all"].append((ours, truth))
-    return {suite: {**ranking(p), "ours_gpu_hours": sum(o for o, _ in p), "truth_gpu_hours": sum(t for _, t in p)}
-            for suite, p in pairs.items()}
-
-
-def _straggler_causes(runs: list[ScenarioRun], matches: dict) -> tuple[dict[str, Counter], Counter]:
-    """Per true cause of the injected stragglers: how many, how many named, how many with that cause."""
-    return _named_causes(runs, matches, "straggler", "cause", STRAGGLER_CAUSE_CODE)
-
-
-def _named_causes(runs: list[ScenarioRun], matches: dict, cls: str, key: str,
-                  code_of: dict[str, str]) -> tuple[dict[str, Counter], Counter]:
-    """Per true cause (``detail[key]``) of the expected faults of ``cls``: how many, how many
-    fabricwatch named, how many with that cause code (``code_of`` maps the truth's names)."""
-    causes: dict[str, Counter] = defaultdict(Counter)
-    confusion: Counter = Counter()
-    for run in runs:
-        m = matches.get((run.scenario.name, FABRICWATCH))
-        if m is None or run.scenario.suite == "healthy":
-            continue
-        given = {tp.gt_index: tp.cause for tp in m.tps if tp.cls == cls}
-        for i, gt in enumerate(run.truths):
-            if gt.kind != cls or not gt.expect_alert:
-                continue
-            true = str(gt.detail.get(key, ""))
-            c = causes[true]
-            c["cases"] += 1
-            if i in given:
-                c["named"] += 1
-                ok = given[i] == code_of.get(true, true)
-                c["correct"] += ok
-                if not ok:
-                    confusion[(true, given[i] or "-")] += 1
-            else:
-                confusion[(true, "not named")] += 1
-    return dict(causes), confusion
 
 
 # --------------------------------------------------------------------------- formatting helpers
@@ -416,36 +60,6 @@ def _delay(values_s: list[float], q: float) -> str:
     return f"{v:.1f} s"
 
 
-def poisson_upper(k: int) -> float:
-    """One-sided 95% upper confidence bound of a Poisson mean after observing k events.
-
-    Exact (bisection on the CDF) for small k, Wilson-Hilferty's chi-square approximation above.
-
-    >>> round(poisson_upper(0), 2), round(poisson_upper(3), 2), round(poisson_upper(5000))
-    (3.0, 7.75, 5118)
-    """
-    if k > 50:
-        n = k + 1
-        return n * (1 - 1 / (9 * n) + 1.6449 / (3 * math.sqrt(n))) ** 3
-
-    def cdf(mu: float) -> float:
-        term = total = math.exp(-mu)
-        for i in range(1, k + 1):
-            term *= mu / i
-            total += term
-        return total
-
-    lo, hi = float(k), float(k) + 20.0 * math.sqrt(k + 1) + 10.0
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if cdf(mid) > 0.05 else (lo, mid)
-    return (lo + hi) / 2
-
-
-def _per_1000(n: int, node_hours: float) -> float | None:
-    return 1000.0 * n / node_hours if node_hours > 0 else None
-
-
 def _versions() -> str:
     out = []
     for mod in ("numpy", "river", "protobuf", "matplotlib"):
@@ -460,106 +74,10 @@ def _versions() -> str:
     return ", ".join(out)
 
 
-def _save(fig, path: Path, files: list[Path]) -> None:
-    import matplotlib.pyplot as plt
-
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    files.append(path)
-
 
 def _machine() -> str:
     return (f"{platform.system()} {platform.machine()}, {cpu_model()}, {usable_cpus()} usable CPU core(s), "
             f"Python {platform.python_version()}")
-
-
-# --------------------------------------------------------------------------- plots
-
-
-def write_plots(scores: Scores, out_dir: Path, detectors: tuple[str, ...] = DETECTORS) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files: list[Path] = []
-    colors = {FABRICWATCH: "#1f77b4", STATIC: "#ff7f0e", HST: "#2ca02c"}
-    classes = [c for c in FAULT_CLASSES]
-
-    # 1. F1 / precision / recall per class
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
-    width = 0.8 / len(detectors)
-    x = np.arange(len(classes))
-    for ax, metric in zip(axes, ("f1", "precision", "recall")):
-        for k, d in enumerate(detectors):
-            vals = [getattr(scores.classes[d].get(c, ClassScore()), metric) for c in classes]
-            ax.bar(x + (k - (len(detectors) - 1) / 2) * width, [v if v is not None else 0 for v in vals], width,
-                   label=d, color=colors.get(d))
-            for xi, v in zip(x, vals):
-                if v is None:
-                    ax.text(xi + (k - (len(detectors) - 1) / 2) * width, 0.01, "n/a", rotation=90, fontsize=6,
-                            ha="center", va="bottom")
-        ax.axhline(TARGET_F1, color="grey", lw=0.8, ls="--")
-        ax.set_title(metric.upper() if metric == "f1" else metric)
-        ax.set_xticks(x, [c.replace("_", "\n") for c in classes], fontsize=7)
-        ax.set_ylim(0, 1.05)
-    axes[0].legend(fontsize=8, loc="lower left")
-    fig.suptitle("Per fault class, labelled suites (dashed: 0.95 target)")
-    fig.tight_layout()
-    p = out_dir / "scores_by_class.png"
-    _save(fig, p, files)
-
-    # 2. detection delay distributions per class
-    fig, axes = plt.subplots(1, len(classes), figsize=(2.3 * len(classes), 4.2))
-    for ax, c in zip(axes, classes):
-        data, labels = [], []
-        for d in detectors:
-            v = [max(s, 1e-3) for s in scores.classes[d].get(c, ClassScore()).delays_s]
-            data.append(v if v else [np.nan])
-            labels.append(d.replace(" ", "\n"))
-        for k, v in enumerate(data):
-            jitter = (np.random.default_rng(k).random(len(v)) - 0.5) * 0.3
-            ax.scatter(np.full(len(v), k) + jitter, v, s=8, alpha=0.6, color=colors.get(detectors[k]))
-            if np.isfinite(v).any():
-                ax.hlines(np.nanmedian(v), k - 0.3, k + 0.3, color="black", lw=1.2)
-        ax.set_yscale("log")
-        ax.set_xticks(range(len(detectors)), labels, fontsize=6)
-        ax.set_title(c.replace("_", "\n"), fontsize=8)
-        ax.set_ylim(1e-3, 500)
-        if c == "pfc_storm":
-            ax.axhline(T_DETECT_S + 0.1, color="red", lw=0.8, ls="--")
-    axes[0].set_ylabel("detection delay after onset [s] (log)")
-    fig.suptitle("Detection delay of true positives (bar: median; red dashed: T_detect + 100 ms)")
-    fig.tight_layout()
-    p = out_dir / "delay_by_class.png"
-    _save(fig, p, files)
-
-    # 3. false alarms per 1000 node-hours on healthy runs
-    fig, ax = plt.subplots(figsize=(7, 3.8))
-    vals = []
-    for d in detectors:
-        n = sum(scores.healthy_fp[d].values())
-        vals.append(_per_1000(n, scores.healthy_node_hours) or 0.0)
-    bars = ax.bar(range(len(detectors)), [max(v, 0.1) for v in vals], color=[colors.get(d) for d in detectors])
-    uppers = [_per_1000(poisson_upper(sum(scores.healthy_fp[d].values())), scores.healthy_node_hours) or 0.0
-              for d in detectors]
-    for b, v, u in zip(bars, vals, uppers):
-        ax.text(b.get_x() + b.get_width() / 2, max(v, u, 0.1) * 1.8, f"{v:,.0f}" if v >= 1 else f"{v:.3g}",
-                ha="center", fontsize=8)
-    ax.set_ylim(0.05, max(uppers + vals + [10.0]) * 10)
-    ax.scatter(range(len(detectors)), uppers, marker="_", s=400, color="black", zorder=3,
-               label="95% upper bound")
-    ax.legend(fontsize=8, loc="upper left")
-    ax.set_yscale("log")
-    ax.axhline(TARGET_FP_PER_1000_NODE_HOURS, color="grey", lw=0.8, ls="--")
-    ax.set_xticks(range(len(detectors)), detectors)
-    ax.set_ylabel("false alarms / 1000 node-hours (log)")
-    ax.set_title(f"Healthy runs, {scores.healthy_node_hours:.3g} node-hours (dashed: target 1)")
-    fig.tight_layout()
-    p = out_dir / "false_alarms_healthy.png"
-    _save(fig, p, files)
-    return files
 
 
 # --------------------------------------------------------------------------- markdown
@@ -574,7 +92,7 @@ def _class_rows(scores: Scores, c: str, detectors) -> list[str]:
         else:
             steps = ""
         within = f"{sum(s.within_bound)}/{len(s.within_bound)}" if s.within_bound else "–"
-        rate = _per_1000(s.healthy_fp, scores.healthy_node_hours)
+        rate = per_1000(s.healthy_fp, scores.healthy_node_hours)
         delay = f"{_delay(s.delays_s, 50)} / {_delay(s.delays_s, 95)}"
         if steps:
             delay += f" ({steps})"
@@ -638,8 +156,8 @@ def _targets(scores: Scores) -> list[tuple[str, str, bool | str | None]]:
                 None if accuracy is None else accuracy >= TARGET_CAUSE_ACCURACY))
     nfp = sum(scores.healthy_fp[FABRICWATCH].values())
     nh = scores.healthy_node_hours
-    rate = _per_1000(nfp, nh)
-    upper = _per_1000(poisson_upper(nfp), nh) if nh else None
+    rate = per_1000(nfp, nh)
+    upper = per_1000(poisson_upper(nfp), nh) if nh else None
     if rate is None:
         verdict: bool | str | None = None
     elif rate > TARGET_FP_PER_1000_NODE_HOURS:
@@ -858,8 +376,8 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
     tot = []
     for d in detectors:
         n = sum(scores.healthy_fp[d].values())
-        tot.append(f"{d}: {n} = {_f(_per_1000(n, nh), 1)} per 1000 node-hours "
-                   f"(95% upper bound {_f(_per_1000(poisson_upper(n), nh), 0)})")
+        tot.append(f"{d}: {n} = {_f(per_1000(n, nh), 1)} per 1000 node-hours "
+                   f"(95% upper bound {_f(per_1000(poisson_upper(n), nh), 0)})")
     add(f"Total over {nh:.2f} node-hours: " + "; ".join(tot) + ".")
     add("")
     add(f"With zero alarms in N node-hours the 95% upper bound is 3000/N per 1000 node-hours: proving the "
@@ -883,7 +401,7 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
     add("")
     add("## Method")
     add("")
-    add("* Suites (`fabricwatch/evaluation/scenarios.py`): **fault mix** (1 s sampling, 8 nodes: NIC speed or "
+    add("* Suites (`fabricwatch/evaluation/suites.py`): **fault mix** (1 s sampling, 8 nodes: NIC speed or "
         "lanes low, NIC and GPU PCIe width, cable link-down flaps, hardware GPU XIDs of NVIDIA's catalog, half followed by XID 45 on "
         "sibling GPUs, uncorrectable ECC, a buggy job's application XIDs; two rounds of six faults on distinct entities per scenario); **stragglers** (1 s, 8 nodes: one slow "
         "rank per multi-node job, thermal / software-thermal / power cap / invisible / downgraded NIC / storm "
