@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from fabricwatch.collectors.faults import PfcStorm
-from fabricwatch.collectors.simulator import ClusterSimulator
+from fabricwatch.simulator.faults import PfcStorm
+from fabricwatch.simulator.cluster import ClusterSimulator
 from fabricwatch.models.topology import rail_optimised
 from fabricwatch.streams import state_store
 from fabricwatch.streams.pipeline import DetectionConfig, DetectionPipeline

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from fabricwatch.collectors.faults import EcnAfterPause, Incast, LinkFlap, NicLosslessDrops, QueueDrops
-from fabricwatch.collectors.simulator import ClusterSimulator
+from fabricwatch.simulator.faults import EcnAfterPause, Incast, LinkFlap, NicLosslessDrops, QueueDrops
+from fabricwatch.simulator.cluster import ClusterSimulator
 from fabricwatch.models import ecn_pfc_misorder as emo
 from fabricwatch.models import lossless_drop as ldm
 from fabricwatch.models.ecn_pfc_misorder import EcnPfcMisorderDetector

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from fabricwatch.collectors.faults import EcmpPolarization, SwitchLinkDown
-from fabricwatch.collectors.simulator import _SC, ClusterSimulator
+from fabricwatch.simulator.faults import EcmpPolarization, SwitchLinkDown
+from fabricwatch.simulator.cluster import _SC, ClusterSimulator
 from fabricwatch.evaluation.matching import match
 from fabricwatch.evaluation.report import FABRICWATCH, run_scenario
 from fabricwatch.evaluation.scenarios import Scenario

@@ -13,8 +13,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from fabricwatch import fabric_report
-from fabricwatch.collectors.faults import PfcStorm
-from fabricwatch.collectors.simulator import ClusterSimulator
+from fabricwatch.simulator.faults import PfcStorm
+from fabricwatch.simulator.cluster import ClusterSimulator
 from fabricwatch.models.fabric_summary import FabricSummary
 from fabricwatch.models.frames import FrameStack, SourceBatch
 from fabricwatch.models.topology import rail_optimised

@@ -25,9 +25,9 @@ from aiokafka import AIOKafkaConsumer
 from helpers import (FAST_GROUP_ENV, Process, RecordingSink, Worker, free_port, gateway_and_sender, nic_snapshot,
                      read_topic, running, telemetry_value, wait_caught_up)
 
-from fabricwatch.collectors.faults import PfcStorm, Straggler
+from fabricwatch.simulator.faults import PfcStorm, Straggler
 from fabricwatch.collectors.sender import GatewaySender, SenderConfig
-from fabricwatch.collectors.simulator import ClusterSimulator, Job
+from fabricwatch.simulator.cluster import ClusterSimulator, Job
 from fabricwatch.localkafka import LocalKafka
 from fabricwatch.models.topology import rail_optimised
 from fabricwatch.protos.v1 import events_pb2 as ev

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
-from fabricwatch.collectors.faults import PfcStorm
-from fabricwatch.collectors.simulator import ClusterSimulator
+from fabricwatch.simulator.faults import PfcStorm
+from fabricwatch.simulator.cluster import ClusterSimulator
 from fabricwatch.models.node_health import HealthBook
 from fabricwatch.models.nominal import NominalRates
 from fabricwatch.models.topology import rail_optimised

@@ -28,9 +28,9 @@ import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from helpers import FAST_GROUP_ENV, Worker, wait_caught_up
 
-from fabricwatch.collectors.faults import GpuXid, LinkDowngrade, LinkFlap, PfcStorm, Straggler
+from fabricwatch.simulator.faults import GpuXid, LinkDowngrade, LinkFlap, PfcStorm, Straggler
 from fabricwatch.collectors.run_simulated import Linger
-from fabricwatch.collectors.simulator import COLLECTOR_CADENCE, ClusterSimulator, Job
+from fabricwatch.simulator.cluster import COLLECTOR_CADENCE, ClusterSimulator, Job
 from fabricwatch.models.topology import rail_optimised
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import records_pb2 as rec

@@ -8,11 +8,11 @@ from collections import defaultdict
 import pytest
 from helpers import entity_rows
 
-from fabricwatch.collectors.faults import (
+from fabricwatch.simulator.faults import (
     AdminToggle, ClockSkew, EccUncorrectable, GpuXid, GroundTruth, LinkDowngrade, LinkFlap, NodeReboot,
     PfcStorm, Straggler,
 )
-from fabricwatch.collectors.simulator import (
+from fabricwatch.simulator.cluster import (
     GPU_COUNTERS, NIC_COUNTERS, SWITCH_COUNTERS, SWITCH_PORT_GAUGES, ClusterSimulator, Job, auto_jobs,
     demo_scenario,
 )

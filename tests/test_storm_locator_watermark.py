@@ -10,8 +10,8 @@ import random
 import pytest
 from helpers import nic_snapshot
 
-from fabricwatch.collectors.faults import PfcStorm
-from fabricwatch.collectors.simulator import ClusterSimulator, Job
+from fabricwatch.simulator.faults import PfcStorm
+from fabricwatch.simulator.cluster import ClusterSimulator, Job
 from fabricwatch.models.findings import OPEN, EntityRef, Evidence
 from fabricwatch.models.pfc_storm import PAUSED, PAUSING, PauseStateChange
 from fabricwatch.models.storm_locator import (

@@ -2,7 +2,7 @@
 
 A `Scenario` is everything needed to regenerate one labelled telemetry run: the fabric
 size, the sampling interval, the duration, the seed and the injected faults (times in
-seconds after the simulator start, as `fabricwatch.collectors.faults` defines them). The
+seconds after the simulator start, as `fabricwatch.simulator.faults` defines them). The
 simulator reports each fault as a `GroundTruth` record (source entity, victims, onset,
 offset, ``expect_alert``), which `matching` scores detector output against.
 
@@ -89,16 +89,16 @@ from functools import lru_cache
 
 import numpy as np
 
-from fabricwatch.collectors.faults import (
+from fabricwatch.simulator.faults import (
     INF, STORM_DETECTION_TIME_S, AdminToggle, ClockSkew, EccUncorrectable, Fault, GpuPcieDowngrade, GpuXid,
     LinkDowngrade, LinkFlap, NicPcieDowngrade, NodeReboot, PfcStorm, Straggler,
     LinkDown, NicAdminDown, SwitchLinkDown,
 )
-from fabricwatch.collectors.faults import ApplicationXid, PinnedCounter, SwitchPfcStorm, XidCascade
-from fabricwatch.collectors.faults import EcmpPolarization, PfcDeadlock
-from fabricwatch.collectors.faults import EcnAfterPause, Incast, NicLosslessDrops, QueueDrops
-from fabricwatch.collectors.faults import CheckpointStall, JobPause, LongStep, RankLost, RankStuck
-from fabricwatch.collectors.simulator import DEFAULT_START_UNIX_NS, Cadence, ClusterSimulator, Job, auto_jobs
+from fabricwatch.simulator.faults import ApplicationXid, PinnedCounter, SwitchPfcStorm, XidCascade
+from fabricwatch.simulator.faults import EcmpPolarization, PfcDeadlock
+from fabricwatch.simulator.faults import EcnAfterPause, Incast, NicLosslessDrops, QueueDrops
+from fabricwatch.simulator.faults import CheckpointStall, JobPause, LongStep, RankLost, RankStuck
+from fabricwatch.simulator.cluster import DEFAULT_START_UNIX_NS, Cadence, ClusterSimulator, Job, auto_jobs
 from fabricwatch.models.topology import Topology, rail_optimised
 
 __all__ = ["Scenario", "SuiteConfig", "build_suites", "expected_case_counts", "fault_class", "T_DETECT_S",
