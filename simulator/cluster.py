@@ -19,11 +19,11 @@ rate over two ring channels), incast congestion with short intermittent PFC paus
 correlated ECN marks / CNPs, checkpoints (tens of seconds without fabric traffic, a long
 step on every rank), eval phases, idle nodes whose GPUs sit at the idle clock and PCIe
 gen1 (NVML's power saving, not a downgrade), GPUs that hit their power cap, the odd slow
-step, a few marginal links with symbol errors. Faults (`fabricwatch.simulator.faults`)
+step, a few marginal links with symbol errors. Faults (`fabric_faults`, `host_faults`)
 are layered on top and listed by `ClusterSimulator.ground_truth`.
 
 >>> from fabricwatch.models.topology import rail_optimised
->>> from fabricwatch.simulator.faults import LinkDowngrade
+>>> from fabricwatch.simulator.fabric_faults import LinkDowngrade
 >>> topo = rail_optimised("sim", n_nodes=4, nodes_per_unit=4, n_spines=2)
 >>> sim = ClusterSimulator(topo, seed=1, interval_s=1.0,
 ...                        faults=[LinkDowngrade("node-0002", "mlx5_3/1", onset_s=2.0)])
@@ -47,28 +47,30 @@ import hashlib
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Union
 
 import numpy as np
 
-from fabricwatch.simulator.faults import (
-    INF, PARTIAL_PAUSE_DUTY_RANGE, REASON_GPU_IDLE, REASON_HW_THERMAL, REASON_SW_POWER_CAP, REASON_SW_THERMAL,
-    XID_GPU_LOST, XID_TEXT, XID_UNCORRECTABLE_ECC, AdminToggle, ClockSkew, EccUncorrectable,
-    Fault, GpuPcieDowngrade, GpuXid, GroundTruth, LinkDowngrade, LinkFlap, NicPcieDowngrade,
-    NodeReboot, PfcStorm, Straggler, gpu_path, nic_path, port_path, rank_path,
-    LinkDown, NicAdminDown, SwitchLinkDown,
-)
-from fabricwatch.simulator.faults import ApplicationXid, PinnedCounter, SwitchPfcStorm, XidCascade
-from fabricwatch.simulator.faults import EcmpPolarization, PfcDeadlock
-from fabricwatch.simulator.faults import EcnAfterPause, Incast, NicLosslessDrops, QueueDrops
-from fabricwatch.simulator.faults import (
-    HANG_LABEL_MIN_S, HANG_NIC_DOWN, HANG_STUCK_PROCESS, HANG_XID, CheckpointStall, JobPause, LongStep, RankLost,
-    RankStuck,
-)
 from fabricwatch.counters import GPU_GAUGES, NIC_GAUGES, SWITCH_GAUGES, Overflow, spec_for
 from fabricwatch.models.linkrate import parse_ib_rate
 from fabricwatch.models.topology import Topology, rail_optimised
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.rank import HEARTBEAT_INTERVAL_S
+from fabricwatch.simulator.fabric_faults import (
+    AdminToggle, EcmpPolarization, EcnAfterPause, Incast, LinkDown, LinkDowngrade, LinkFlap, NicAdminDown,
+    NicLosslessDrops, NicPcieDowngrade, PfcDeadlock, PfcStorm, PinnedCounter, QueueDrops, SwitchLinkDown,
+    SwitchPfcStorm,
+)
+from fabricwatch.simulator.host_faults import (
+    PARTIAL_PAUSE_DUTY_RANGE, REASON_GPU_IDLE, REASON_HW_THERMAL, REASON_SW_POWER_CAP, REASON_SW_THERMAL, XID_GPU_LOST,
+    XID_TEXT, XID_UNCORRECTABLE_ECC, ApplicationXid, CheckpointStall, ClockSkew, EccUncorrectable, GpuPcieDowngrade,
+    GpuXid, JobPause, LongStep, NodeReboot, RankLost, RankStuck, Straggler, XidCascade,
+)
+from fabricwatch.simulator.labels import (
+    HANG_LABEL_MIN_S, HANG_NIC_DOWN, HANG_STUCK_PROCESS, HANG_XID, GroundTruth, gpu_path, nic_path, port_path,
+    rank_path,
+)
+from fabricwatch.simulator.timeline import INF
 from fabricwatch.xid import is_gpu_fault
 
 __all__ = [
@@ -78,6 +80,12 @@ __all__ = [
 
 # 2026-01-01T00:00:00Z: a fixed default so that runs are reproducible.
 DEFAULT_START_UNIX_NS = 1_767_225_600_000_000_000
+
+#: Every fault `ClusterSimulator` injects: the fabric's (`fabric_faults`), the hosts' (`host_faults`).
+Fault = Union[LinkDowngrade, NicPcieDowngrade, LinkFlap, AdminToggle, PfcStorm, SwitchPfcStorm, PinnedCounter, LinkDown,
+              SwitchLinkDown, NicAdminDown, EcmpPolarization, PfcDeadlock, EcnAfterPause, Incast, QueueDrops,
+              NicLosslessDrops, GpuPcieDowngrade, Straggler, GpuXid, XidCascade, ApplicationXid, EccUncorrectable,
+              NodeReboot, ClockSkew, RankStuck, RankLost, CheckpointStall, JobPause, LongStep]
 
 # Column order of each block (names exactly as fabricwatch.counters knows them).
 NIC_COUNTERS = (
@@ -478,7 +486,7 @@ class ClusterSimulator:
     seed : all randomness (job placement when ``jobs`` is None, noise) derives from it.
     start_unix_ns : event time of the start; tick k samples at ``start + k * interval``.
     jobs : the training jobs; None places ~85 % of the nodes in a few jobs (`auto_jobs`).
-    faults : `fabricwatch.simulator.faults` dataclasses, times relative to the start.
+    faults : `Fault` dataclasses (`fabric_faults`, `host_faults`), times relative to the start.
     interval_s : sampling interval in seconds (0.05 .. 60; 0.1 for PFC-rate sampling).
     rank_steps : emit `RankStep` messages (off for pure fabric benchmarks).
     cadence : sample as the real collectors do (`Cadence`; ``interval_s`` is then its PFC

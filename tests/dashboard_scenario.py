@@ -14,7 +14,9 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from fabricwatch.simulator.faults import INF, PfcStorm, Straggler
+from fabricwatch.simulator.fabric_faults import PfcStorm
+from fabricwatch.simulator.host_faults import Straggler
+from fabricwatch.simulator.timeline import INF
 from fabricwatch.simulator.cluster import ClusterSimulator, demo_scenario
 from fabricwatch.models.topology import Topology
 from fabricwatch.protos.v1 import events_pb2 as ev

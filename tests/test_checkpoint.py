@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from fabricwatch.simulator.faults import PfcStorm
+from fabricwatch.simulator.fabric_faults import PfcStorm
 from fabricwatch.simulator.cluster import ClusterSimulator
 from fabricwatch.models.topology import rail_optimised
 from fabricwatch.streams import state_store

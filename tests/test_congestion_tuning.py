@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from fabricwatch.simulator.faults import EcnAfterPause, Incast, LinkFlap, NicLosslessDrops, QueueDrops
+from fabricwatch.simulator.fabric_faults import EcnAfterPause, Incast, LinkFlap, NicLosslessDrops, QueueDrops
 from fabricwatch.simulator.cluster import ClusterSimulator
 from fabricwatch.models import ecn_pfc_misorder as emo
 from fabricwatch.models import lossless_drop as ldm

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from fabricwatch.simulator.faults import EcmpPolarization, SwitchLinkDown
+from fabricwatch.simulator.fabric_faults import EcmpPolarization, SwitchLinkDown
 from fabricwatch.simulator.cluster import _SC, ClusterSimulator
 from fabricwatch.evaluation.matching import match
 from fabricwatch.evaluation.report import FABRICWATCH, run_scenario

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fabricwatch.simulator.faults import GroundTruth
+from fabricwatch.simulator.labels import GroundTruth
 from fabricwatch.evaluation.baselines import StaticRules
 from fabricwatch.evaluation.matching import CLOCK_TOLERANCE_NS, detection_from_event, entity_path, grace_ns, match
 from fabricwatch.evaluation.scenarios import FAULT_CLASSES, SuiteConfig, build_suites, expected_case_counts

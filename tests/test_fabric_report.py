@@ -13,7 +13,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from fabricwatch import fabric_report
-from fabricwatch.simulator.faults import PfcStorm
+from fabricwatch.simulator.fabric_faults import PfcStorm
 from fabricwatch.simulator.cluster import ClusterSimulator
 from fabricwatch.models.fabric_summary import FabricSummary
 from fabricwatch.models.frames import FrameStack, SourceBatch

@@ -25,7 +25,8 @@ from aiokafka import AIOKafkaConsumer
 from helpers import (FAST_GROUP_ENV, Process, RecordingSink, Worker, free_port, gateway_and_sender, nic_snapshot,
                      read_topic, running, telemetry_value, wait_caught_up)
 
-from fabricwatch.simulator.faults import PfcStorm, Straggler
+from fabricwatch.simulator.fabric_faults import PfcStorm
+from fabricwatch.simulator.host_faults import Straggler
 from fabricwatch.collectors.sender import GatewaySender, SenderConfig
 from fabricwatch.simulator.cluster import ClusterSimulator, Job
 from fabricwatch.localkafka import LocalKafka

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from fabricwatch import xid
-from fabricwatch.simulator.faults import XID_TEXT, ApplicationXid, GpuXid, XidCascade
+from fabricwatch.simulator.host_faults import XID_TEXT, ApplicationXid, GpuXid, XidCascade
 from fabricwatch.simulator.cluster import ClusterSimulator
 from fabricwatch.models.findings import CRITICAL, OPEN, RESOLVED, UPDATE, WARNING
 from fabricwatch.models.frames import DeviceEvent, SourceBatch, SourceView

@@ -4,7 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from fabricwatch.simulator.faults import AdminToggle, LinkDown, LinkFlap, NicAdminDown, NodeReboot, SwitchLinkDown
+from fabricwatch.simulator.fabric_faults import AdminToggle, LinkDown, LinkFlap, NicAdminDown, SwitchLinkDown
+from fabricwatch.simulator.host_faults import NodeReboot
 from fabricwatch.simulator.cluster import ClusterSimulator
 from fabricwatch.models.findings import CRITICAL, OPEN, RESOLVED, UPDATE, WARNING
 from fabricwatch.models.frames import EntityFrame, SourceBatch, SourceView

@@ -1,7 +1,7 @@
 """pfc_deadlock: a loop of switches pausing each other that persists; storms and transients stay silent."""
 import pytest
 
-from fabricwatch.simulator.faults import PfcDeadlock, PfcStorm
+from fabricwatch.simulator.fabric_faults import PfcDeadlock, PfcStorm
 from fabricwatch.evaluation.matching import match
 from fabricwatch.evaluation.report import FABRICWATCH, run_scenario
 from fabricwatch.evaluation.scenarios import Scenario

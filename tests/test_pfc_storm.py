@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from fabricwatch.simulator.faults import AdminToggle, NodeReboot, PfcStorm, PinnedCounter, SwitchPfcStorm
+from fabricwatch.simulator.fabric_faults import AdminToggle, PfcStorm, PinnedCounter, SwitchPfcStorm
+from fabricwatch.simulator.host_faults import NodeReboot
 from fabricwatch.simulator.cluster import ClusterSimulator, Job
 from fabricwatch.models.findings import OPEN, RESOLVED, UPDATE, EntityRef, Evidence
 from fabricwatch.models.frames import NIC_PORT, SWITCH_PORT, EntityFrame, SourceView

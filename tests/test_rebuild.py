@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fabricwatch.simulator.faults import PfcStorm
+from fabricwatch.simulator.fabric_faults import PfcStorm
 from fabricwatch.simulator.cluster import ClusterSimulator
 from fabricwatch.models.node_health import HealthBook
 from fabricwatch.models.nominal import NominalRates

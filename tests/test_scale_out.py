@@ -28,7 +28,8 @@ import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from helpers import FAST_GROUP_ENV, Worker, wait_caught_up
 
-from fabricwatch.simulator.faults import GpuXid, LinkDowngrade, LinkFlap, PfcStorm, Straggler
+from fabricwatch.simulator.fabric_faults import LinkDowngrade, LinkFlap, PfcStorm
+from fabricwatch.simulator.host_faults import GpuXid, Straggler
 from fabricwatch.collectors.run_simulated import Linger
 from fabricwatch.simulator.cluster import COLLECTOR_CADENCE, ClusterSimulator, Job
 from fabricwatch.models.topology import rail_optimised

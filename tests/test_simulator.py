@@ -8,10 +8,9 @@ from collections import defaultdict
 import pytest
 from helpers import entity_rows
 
-from fabricwatch.simulator.faults import (
-    AdminToggle, ClockSkew, EccUncorrectable, GpuXid, GroundTruth, LinkDowngrade, LinkFlap, NodeReboot,
-    PfcStorm, Straggler,
-)
+from fabricwatch.simulator.fabric_faults import AdminToggle, LinkDowngrade, LinkFlap, PfcStorm
+from fabricwatch.simulator.host_faults import ClockSkew, EccUncorrectable, GpuXid, NodeReboot, Straggler
+from fabricwatch.simulator.labels import GroundTruth
 from fabricwatch.simulator.cluster import (
     GPU_COUNTERS, NIC_COUNTERS, SWITCH_COUNTERS, SWITCH_PORT_GAUGES, ClusterSimulator, Job, auto_jobs,
     demo_scenario,

@@ -5,10 +5,9 @@ from collections import defaultdict
 
 import pytest
 
-from fabricwatch.simulator.faults import (
-    HANG_LABEL_MIN_S, HANG_ROOTS, AdminToggle, CheckpointStall, GpuXid, JobPause, LinkDown, LongStep, RankLost,
-    RankStuck,
-)
+from fabricwatch.simulator.fabric_faults import AdminToggle, LinkDown
+from fabricwatch.simulator.host_faults import CheckpointStall, GpuXid, JobPause, LongStep, RankLost, RankStuck
+from fabricwatch.simulator.labels import HANG_LABEL_MIN_S, HANG_ROOTS
 from fabricwatch.simulator.cluster import ClusterSimulator, Job
 from fabricwatch.models import hang, node_health
 from fabricwatch.models.topology import rail_optimised
@@ -229,7 +228,7 @@ def test_the_pipeline_names_the_stuck_rank_and_stays_silent_on_the_paused_job():
 
 
 def test_a_hang_held_up_by_two_ranks_matches_either():
-    from fabricwatch.simulator.faults import GroundTruth
+    from fabricwatch.simulator.labels import GroundTruth
     from fabricwatch.evaluation.matching import Detection, match
 
     gt = GroundTruth("hang", "job/j/rank/3", 10, None, victims=("job/j",),

@@ -10,7 +10,7 @@ import random
 import pytest
 from helpers import nic_snapshot
 
-from fabricwatch.simulator.faults import PfcStorm
+from fabricwatch.simulator.fabric_faults import PfcStorm
 from fabricwatch.simulator.cluster import ClusterSimulator, Job
 from fabricwatch.models.findings import OPEN, EntityRef, Evidence
 from fabricwatch.models.pfc_storm import PAUSED, PAUSING, PauseStateChange

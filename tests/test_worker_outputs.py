@@ -7,7 +7,7 @@ record and partition. The storm answers are those of the record-by-record path.
 """
 from __future__ import annotations
 
-from fabricwatch.simulator.faults import PfcStorm
+from fabricwatch.simulator.fabric_faults import PfcStorm
 from fabricwatch.simulator.cluster import ClusterSimulator, Job
 from fabricwatch.models.storm_locator import SourceProgress
 from fabricwatch.models.topology import rail_optimised

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fabricwatch.simulator.faults import GroundTruth
+from fabricwatch.simulator.labels import GroundTruth
 from fabricwatch.machine import cpu_model, usable_cpus
 from fabricwatch.models.impact import projected_gpu_hours
 from fabricwatch.models.ecmp_imbalance import OPEN_WINDOWS, WINDOW_S

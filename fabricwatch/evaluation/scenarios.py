@@ -2,7 +2,7 @@
 
 A `Scenario` is everything needed to regenerate one labelled telemetry run: the fabric
 size, the sampling interval, the duration, the seed and the injected faults (times in
-seconds after the simulator start, as `fabricwatch.simulator.faults` defines them). The
+seconds after the simulator start, as `fabricwatch.simulator.timeline` defines them). The
 simulator reports each fault as a `GroundTruth` record (source entity, victims, onset,
 offset, ``expect_alert``), which `matching` scores detector output against.
 
@@ -89,15 +89,17 @@ from functools import lru_cache
 
 import numpy as np
 
-from fabricwatch.simulator.faults import (
-    INF, STORM_DETECTION_TIME_S, AdminToggle, ClockSkew, EccUncorrectable, Fault, GpuPcieDowngrade, GpuXid,
-    LinkDowngrade, LinkFlap, NicPcieDowngrade, NodeReboot, PfcStorm, Straggler,
-    LinkDown, NicAdminDown, SwitchLinkDown,
+from fabricwatch.simulator.cluster import Fault
+from fabricwatch.simulator.fabric_faults import (
+    STORM_DETECTION_TIME_S, AdminToggle, EcmpPolarization, EcnAfterPause, Incast, LinkDown, LinkDowngrade, LinkFlap,
+    NicAdminDown, NicLosslessDrops, NicPcieDowngrade, PfcDeadlock, PfcStorm, PinnedCounter, QueueDrops, SwitchLinkDown,
+    SwitchPfcStorm,
 )
-from fabricwatch.simulator.faults import ApplicationXid, PinnedCounter, SwitchPfcStorm, XidCascade
-from fabricwatch.simulator.faults import EcmpPolarization, PfcDeadlock
-from fabricwatch.simulator.faults import EcnAfterPause, Incast, NicLosslessDrops, QueueDrops
-from fabricwatch.simulator.faults import CheckpointStall, JobPause, LongStep, RankLost, RankStuck
+from fabricwatch.simulator.host_faults import (
+    ApplicationXid, CheckpointStall, ClockSkew, EccUncorrectable, GpuPcieDowngrade, GpuXid, JobPause, LongStep,
+    NodeReboot, RankLost, RankStuck, Straggler, XidCascade,
+)
+from fabricwatch.simulator.timeline import INF
 from fabricwatch.simulator.cluster import DEFAULT_START_UNIX_NS, Cadence, ClusterSimulator, Job, auto_jobs
 from fabricwatch.models.topology import Topology, rail_optimised
 
