@@ -20,7 +20,8 @@ from fabricwatch import metrics
 
 from .node import URGENT_PAUSE_DUTY
 from .sender import GatewaySender, SenderConfig
-from fabricwatch.simulator.cluster import COLLECTOR_CADENCE, ClusterSimulator, demo_scenario
+from fabricwatch.simulator.cluster import ClusterSimulator, demo_scenario
+from fabricwatch.simulator.encoding import COLLECTOR_CADENCE
 
 log = logging.getLogger("fabricwatch.simulate")
 # The node collector's `gateway.linger_s`; its hand-over rule is collectors/node.py `PauseWatch`.

@@ -43,43 +43,39 @@ are layered on top and listed by `ClusterSimulator.ground_truth`.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Union
 
 import numpy as np
 
-from fabricwatch.counters import GPU_GAUGES, NIC_GAUGES, SWITCH_GAUGES, Overflow, spec_for
+from fabricwatch.counters import GPU_GAUGES, NIC_GAUGES, Overflow, spec_for
 from fabricwatch.models.linkrate import parse_ib_rate
 from fabricwatch.models.topology import Topology, rail_optimised
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.rank import HEARTBEAT_INTERVAL_S
+from fabricwatch.simulator.columns import (
+    _GC, _NC, _SC, _SWITCH_ALL, GPU_COUNTERS, NIC_COUNTERS, SWITCH_PORT_GAUGES, SWITCH_TX_PAUSE_DURATION, _Counters,
+)
+from fabricwatch.simulator.encoding import Cadence, SnapshotEncoder
 from fabricwatch.simulator.fabric_faults import (
     AdminToggle, EcmpPolarization, EcnAfterPause, Incast, LinkDown, LinkDowngrade, LinkFlap, NicAdminDown,
     NicLosslessDrops, NicPcieDowngrade, PfcDeadlock, PfcStorm, PinnedCounter, QueueDrops, SwitchLinkDown,
     SwitchPfcStorm,
 )
+from fabricwatch.simulator.fault_effects import _FaultState
 from fabricwatch.simulator.host_faults import (
     PARTIAL_PAUSE_DUTY_RANGE, REASON_GPU_IDLE, REASON_HW_THERMAL, REASON_SW_POWER_CAP, REASON_SW_THERMAL, XID_GPU_LOST,
-    XID_TEXT, XID_UNCORRECTABLE_ECC, ApplicationXid, CheckpointStall, ClockSkew, EccUncorrectable, GpuPcieDowngrade,
-    GpuXid, JobPause, LongStep, NodeReboot, RankLost, RankStuck, Straggler, XidCascade,
+    XID_UNCORRECTABLE_ECC, ApplicationXid, CheckpointStall, ClockSkew, EccUncorrectable, GpuPcieDowngrade, GpuXid,
+    JobPause, LongStep, NodeReboot, RankLost, RankStuck, Straggler, XidCascade,
 )
 from fabricwatch.simulator.labels import (
     HANG_LABEL_MIN_S, HANG_NIC_DOWN, HANG_STUCK_PROCESS, HANG_XID, GroundTruth, gpu_path, nic_path, port_path,
     rank_path,
 )
-from fabricwatch.simulator.timeline import INF
+from fabricwatch.simulator.timeline import DEFAULT_START_UNIX_NS, INF
 from fabricwatch.xid import is_gpu_fault
-
-__all__ = [
-    "COLLECTOR_CADENCE", "Cadence", "ClusterSimulator", "Job", "auto_jobs", "demo_scenario",
-    "NIC_COUNTERS", "GPU_COUNTERS", "SWITCH_COUNTERS", "SWITCH_PORT_GAUGES",
-]
-
-# 2026-01-01T00:00:00Z: a fixed default so that runs are reproducible.
-DEFAULT_START_UNIX_NS = 1_767_225_600_000_000_000
 
 #: Every fault `ClusterSimulator` injects: the fabric's (`fabric_faults`), the hosts' (`host_faults`).
 Fault = Union[LinkDowngrade, NicPcieDowngrade, LinkFlap, AdminToggle, PfcStorm, SwitchPfcStorm, PinnedCounter, LinkDown,
@@ -87,50 +83,6 @@ Fault = Union[LinkDowngrade, NicPcieDowngrade, LinkFlap, AdminToggle, PfcStorm, 
               NicLosslessDrops, GpuPcieDowngrade, Straggler, GpuXid, XidCascade, ApplicationXid, EccUncorrectable,
               NodeReboot, ClockSkew, RankStuck, RankLost, CheckpointStall, JobPause, LongStep]
 
-# Column order of each block (names exactly as fabricwatch.counters knows them).
-NIC_COUNTERS = (
-    "port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets", "port_xmit_wait",
-    "symbol_error", "port_rcv_errors", "link_downed", "link_error_recovery",
-    "out_of_sequence", "np_cnp_sent", "np_ecn_marked_roce_packets", "rp_cnp_handled",
-    "rx_prio3_pause", "tx_prio3_pause", "rx_prio3_pause_duration", "tx_prio3_pause_duration",
-    "rx_prio3_bytes", "tx_prio3_bytes", "rx_prio3_packets", "tx_prio3_packets",
-    "tx_pause_storm_warning_events", "tx_pause_storm_error_events", "link_down_events_phy",
-    "rx_corrected_bits_phy", "rx_bits_phy", "rx_pcs_symbol_err_phy",
-)
-# Receive discards on lossless priority 3 (mlx5 ethtool -S, the slow group): lossless_drop reads them.
-NIC_QUEUE_COUNTERS = ("rx_prio3_buf_discard",)
-NIC_COUNTERS = NIC_COUNTERS + NIC_QUEUE_COUNTERS
-GPU_COUNTERS = ("ecc_corrected_volatile_total", "ecc_uncorrected_volatile_total", "pcie_replay_total", "energy_mj")
-SWITCH_COUNTERS = (
-    "in-octets", "out-octets", "in-pkts", "out-pkts", "in-errors", "in-discards", "out-discards",
-    "interface-transitions", "pfc3-rx-pkts", "pfc3-tx-pkts", "pfc3-rx-pause-duration-us",
-    "queue3-transmit-pkts", "queue3-transmit-octets",
-)
-# FEC codewords per switch port (SONiC's SAI names, normalised): a healthy link corrects
-# codewords all the time and loses none.
-SWITCH_FEC_COUNTERS = ("in-fec-correctable-frames", "in-fec-uncorrectable-frames")
-SWITCH_COUNTERS = SWITCH_COUNTERS + SWITCH_FEC_COUNTERS
-# Egress-queue ECN marks and drops (SONiC SAI queue stats, normalised): queue 3 is lossless
-# (PFC), queue 0 lossy best effort; issue 15's ecn_pfc_misorder and lossless_drop read them.
-SWITCH_QUEUE_COUNTERS = ("queue3-ecn-marked-pkts", "queue3-dropped-pkts", "queue0-dropped-pkts")
-SWITCH_COUNTERS = SWITCH_COUNTERS + SWITCH_QUEUE_COUNTERS
-SWITCH_PORT_GAUGES = tuple(SWITCH_GAUGES) + ("queue3-occupancy-bytes",)
-# SAI_PORT_STAT_PFC_3_TX_PAUSE_DURATION_US: SONiC exports it, EOS and Cumulus do not; the
-# simulator counts it always and exports it with ``switch_tx_pause_duration=True``.
-SWITCH_TX_PAUSE_DURATION = "pfc3-tx-pause-duration-us"
-_SWITCH_ALL = SWITCH_COUNTERS + (SWITCH_TX_PAUSE_DURATION,)
-
-# The node collector's fast (PFC) group of ethtool -S, as `collectors.ethtool_stats.FAST_PATTERNS`
-# keeps it, in NIC_COUNTERS order; the 1 s tick carries the other NIC counters.
-NIC_PFC_COUNTERS = tuple(n for n in NIC_COUNTERS if re.fullmatch(
-    r"(rx|tx)_prio[0-7]_(pause|pause_duration|bytes|packets)|rx_prio[0-7]_pause_transition"
-    r"|tx_pause_storm_(warning|error)_events", n))
-NIC_FULL_COUNTERS = tuple(n for n in NIC_COUNTERS if n not in NIC_PFC_COUNTERS)
-NIC_PFC_GAUGES = ("netdev_speed_mbps",)
-
-_NC = {n: i for i, n in enumerate(NIC_COUNTERS)}
-_GC = {n: i for i, n in enumerate(GPU_COUNTERS)}
-_SC = {n: i for i, n in enumerate(_SWITCH_ALL)}
 
 # Physical constants of the model (documented guesses where no source gives a number).
 WIRE_PKT_BYTES = 4158.0        # 4096 B RoCEv2 payload + Eth/IP/UDP/BTH/ICRC/FCS headers
@@ -148,7 +100,6 @@ GPU_IDLE_W = 70.0
 GPU_MAX_CLOCK_MHZ = 1980.0
 GPU_IDLE_CLOCK_MHZ = 345.0
 PCIE_GEN_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
-_DOWN_RATE = "40 Gb/sec (4X QDR)"  # what mlx5 prints for a RoCE port with no operational mode
 FAILOVER_COMM_SPEED = 0.5      # a NIC carrying two rails: that rail's share of a collective takes twice as long
 FAILING_LINK_FEC_UNCORRECTABLE_PER_S = 3.0   # post-FEC symbol errors of a link about to die [U]
 LINK_EVENT_DROPS = 5.0         # packets of each queue in flight lost at a link transition [U]
@@ -160,33 +111,6 @@ INNER_COLLECTIVE_S = 0.2
 # A job whose rank died (`RankLost`) is restarted by its scheduler from its checkpoint in this
 # long after the fault's offset (as a job is after an XID 79 or a crash).
 RANK_LOST_RESTART_S = 30.0
-
-_DGX_NIC_BDF = ("0000:18:00.0", "0000:40:00.0", "0000:4f:00.0", "0000:5e:00.0",
-                "0000:9a:00.0", "0000:c0:00.0", "0000:ce:00.0", "0000:dc:00.0")
-_DGX_GPU_BDF = ("0000:1b:00.0", "0000:43:00.0", "0000:52:00.0", "0000:61:00.0",
-                "0000:9d:00.0", "0000:c3:00.0", "0000:d1:00.0", "0000:df:00.0")
-
-
-@dataclass(frozen=True)
-class Cadence:
-    """When the real collectors read what (seconds): PFC counters fast, the rest slower."""
-
-    pfc_interval_s: float = 0.1      # the node collector's `intervals.ethtool_pfc`
-    full_interval_s: float = 1.0     # its sysfs / ethtool / NVML intervals, and the switches' gNMI SAMPLE
-
-    def __post_init__(self) -> None:
-        ratio = self.full_interval_s / self.pfc_interval_s
-        if not (0.05 <= self.pfc_interval_s <= self.full_interval_s and abs(ratio - round(ratio)) < 1e-9):
-            raise ValueError(f"cadence: the full interval ({self.full_interval_s}) must be a whole multiple of "
-                             f"the PFC interval ({self.pfc_interval_s}), which is >= 0.05 s")
-
-    @property
-    def full_every(self) -> int:
-        return int(round(self.full_interval_s / self.pfc_interval_s))
-
-
-#: The collectors' defaults (docs/collectors.md): PFC every 100 ms, everything else every second.
-COLLECTOR_CADENCE = Cadence()
 
 
 # --------------------------------------------------------------------------- jobs
@@ -369,11 +293,6 @@ def _natural_key(name: str) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
-def _gpu_uuid(cluster: str, node: str, gpu: int) -> str:
-    h = hashlib.md5(f"{cluster}/{node}/{gpu}".encode()).hexdigest()
-    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
-
-
 def _pcie_gbps(gen: int, width: int) -> float:
     """Usable PCIe bandwidth in Gb/s (128b/130b coding and ~82 % TLP efficiency)."""
     return PCIE_GEN_GTS.get(int(gen), 32.0) * width * (128 / 130) * 0.82
@@ -393,90 +312,10 @@ def _overlap(a: float, b: float, t0: float, t1: float) -> float:
 ECMP_JITTER_SIGMA = 0.25
 
 
-class _Counters:
-    """A (rows, columns) uint64 matrix of raw totals honouring each column's width/overflow."""
-
-    def __init__(self, names: tuple[str, ...], rows: int) -> None:
-        self.values = np.zeros((rows, len(names)), dtype=np.uint64)
-        specs = [spec_for(n) for n in names]
-        self._wrap = [(i, np.uint64((1 << s.width_bits) - 1)) for i, s in enumerate(specs)
-                      if s.overflow is Overflow.WRAP and s.width_bits < 64]
-        self._sat = [(i, np.uint64((1 << s.width_bits) - 1)) for i, s in enumerate(specs)
-                     if s.overflow is Overflow.SATURATE]
-
-    def clamp(self) -> None:
-        v = self.values
-        for i, m in self._wrap:
-            v[:, i] &= m
-        for i, m in self._sat:
-            np.minimum(v[:, i], m, out=v[:, i])
-
-    def add(self, inc: np.ndarray, rows: np.ndarray | None = None) -> None:
-        inc = np.rint(np.clip(np.nan_to_num(inc, nan=0.0, posinf=0.0), 0.0, 1.8e19)).astype(np.uint64)
-        if rows is None:
-            self.values += inc
-        else:
-            self.values[rows] += inc[rows]
-        self.clamp()
-
-
-@dataclass
-class _FaultState:
-    """Faults resolved for one tick [t0, t1); arrays over ports / GPUs / switch ports / jobs."""
-    cap_ratio: np.ndarray          # port traffic cap vs nominal, tick average
-    speed_now: np.ndarray          # port speed (Gb/s) at sample time
-    up_frac: np.ndarray            # fraction of the tick the NIC link was up
-    down_now: np.ndarray           # link down at sample time
-    down_events: np.ndarray        # UP->DOWN transitions in the tick
-    down_phys: dict                # port -> phys_state label while down
-    rate_now: dict                 # port -> rate label override
-    nic_pcie_width: np.ndarray
-    tx_duty: np.ndarray            # storm: pause duty a source NIC transmits
-    xon_frames: np.ndarray
-    rx_duty: np.ndarray            # storm victims: pause duty a NIC receives
-    sw_duty: np.ndarray            # storm: duty at which a switch port is paused by its peer
-    sw_occ: np.ndarray             # storm: queue3 occupancy forced on a switch port (bytes)
-    wd_warn: np.ndarray
-    wd_err: np.ndarray
-    oos_burst: np.ndarray
-    sp_admin_down_now: np.ndarray
-    sp_up_frac: np.ndarray         # switch-to-switch ports: fraction up
-    sp_transitions: np.ndarray
-    gpu_reason: np.ndarray
-    gpu_clock_factor: np.ndarray
-    gpu_temp_boost: np.ndarray
-    gpu_power_cap: np.ndarray
-    gpu_pcie_width: np.ndarray
-    gpu_lost: np.ndarray
-    gpu_ecc_unc: np.ndarray
-    gpu_remap_unc: np.ndarray
-    rank_factor: np.ndarray        # busy multiplier per GPU (flat node*G+g)
-    node_down: np.ndarray          # no snapshot this tick
-    node_skew_s: np.ndarray
-    events: dict                   # node -> list of DeviceEvent kwargs
-    job_stall: np.ndarray          # the job's progress is blocked (hang)
-    job_restart_left: dict         # job -> seconds of restart to (re)arm
-    job_fault_speed: np.ndarray    # comm speed limit from faults (per job)
-    failover: dict = field(default_factory=dict)   # dead NIC port -> share of its rail's speed left (via a sibling)
-    # link down (LinkDown, SwitchLinkDown, NicAdminDown)
-    carrier: dict = field(default_factory=dict)   # port down -> the sibling NIC that carries its traffic
-    sp_down_now: np.ndarray | None = None          # switch port oper down (not admin) at sample time
-    nic_admin_down: np.ndarray | None = None       # NIC shut on its host: netdev speed unreadable
-    fec_unc_rate: np.ndarray | None = None         # extra post-FEC symbol errors per second (failing link)
-    polarized: dict = field(default_factory=dict)  # leaf row -> spine columns its hash uses (EcmpPolarization)
-    # congestion tuning (EcnAfterPause, Incast, QueueDrops), per switch / switch port; None: no such fault
-    sw_ecn_factor: np.ndarray | None = None        # ECN marks a switch makes vs a healthy one
-    sw_pause_gain: np.ndarray | None = None        # its pauses vs a healthy one's (no DCQCN slowdown)
-    sw_level_floor: np.ndarray | None = None       # forced incast level
-    sw_quiet: np.ndarray | None = None             # no incast at all
-    q_drops: np.ndarray | None = None              # [switch port, (queue 3, queue 0)] drops per second
-    nic_q_drops: np.ndarray | None = None          # NIC port: priority-3 receive discards per second
-
-
 # --------------------------------------------------------------------------- simulator
 
 
-class ClusterSimulator:
+class ClusterSimulator(SnapshotEncoder):
     """A seeded, deterministic simulated cluster; see the module docstring.
 
     Parameters
@@ -654,14 +493,6 @@ class ClusterSimulator:
                 if self._lu[r, c] < 0:
                     self._lu[r, c] = i
                     self._sd[r, c] = j
-        # static identity labels
-        self._nic_bdf = [(_DGX_NIC_BDF[k] if k < 8 else f"0000:{(0x18 + 16 * k) % 256:02x}:00.0")
-                         for k in (n.rail for n in nics)]
-        self._nic_netdev = [n.netdev or f"eth{n.rail}" for n in nics]
-        self._gpu_ids = [f"gpu{g}" for g in range(G)]
-        self._gpu_bdf = [(_DGX_GPU_BDF[g] if g < 8 else f"0000:{(0x1b + 16 * g) % 256:02x}:00.0") for g in range(G)]
-        self._gpu_labels = [[{"uuid": _gpu_uuid(self._cluster, node, g), "pci_bdf": self._gpu_bdf[g]}
-                             for g in range(G)] for node in self._nodes]
 
     def _index_jobs(self) -> None:
         N = len(self._nodes)
@@ -1785,133 +1616,6 @@ class ClusterSimulator:
         alive = ~lost & ~np.repeat(fs.node_down, G)
         self._gpu.add(inc, rows=np.nonzero(alive)[0])
 
-    # ---------------------------------------------------------------- snapshots
-
-    def _nic_link_labels(self, p: int, rate_now: dict, down_now: np.ndarray, down_phys: dict) -> tuple[str, str, str]:
-        """The sysfs ``rate``, ``state`` and ``phys_state`` strings of NIC port p now."""
-        if down_now[p]:
-            return _DOWN_RATE, "1: DOWN", down_phys.get(p, "3: Disabled")
-        return rate_now.get(p, self._nics[p].nominal_rate), "4: ACTIVE", "5: LinkUp"
-
-    def _build_static(self) -> None:
-        """The parts of every snapshot that never change: ids and static label columns."""
-        self._nic_ids_of_node = [[self._p_eid[p] for p in ports.tolist()] for ports in self._node_ports]
-        self._nic_static_labels = [
-            [pb.LabelColumn(name="link_layer", values=["Ethernet"] * len(ports)),
-             pb.LabelColumn(name="netdev", values=[self._nic_netdev[p] for p in ports.tolist()]),
-             pb.LabelColumn(name="pci_bdf", values=[self._nic_bdf[p] for p in ports.tolist()])]
-            for ports in self._node_ports]
-        self._nic_netdev_labels = [[pb.LabelColumn(name="netdev", values=[self._nic_netdev[p] for p in ports.tolist()])]
-                                   for ports in self._node_ports]
-        self._nic_pfc_cols = np.array([_NC[c] for c in NIC_PFC_COUNTERS], dtype=np.intp)
-        self._nic_full_cols = np.array([_NC[c] for c in NIC_FULL_COUNTERS], dtype=np.intp)
-        self._nic_speed_col = np.array([NIC_GAUGES.index(g) for g in NIC_PFC_GAUGES], dtype=np.intp)
-        self._gpu_static_labels = [
-            [pb.LabelColumn(name=name, values=[lab[name] for lab in node]) for name in ("uuid", "pci_bdf")]
-            for node in self._gpu_labels]
-        self._sw_ids = [[self._sp_name[p] for p in ports.tolist()] for ports in self._switch_ports]
-
-    def _snapshots(self, fs: _FaultState, steps: list, t1: float) -> list[pb.Snapshot]:
-        """Every snapshot of this tick: columnar blocks filled straight from the state matrices.
-
-        With a cadence, a node's tick carries its PFC columns, and every `Cadence.full_every`
-        ticks a second snapshot half a PFC interval later carries the rest; switches report
-        on those ticks only.
-        """
-        rng = self._rng
-        N, G = len(self._nodes), self.G
-        t1_ns = self.start_unix_ns + int(round(t1 * 1e9))
-        node_off = self._node_clock_ns + rng.normal(0, 3e5, N) + fs.node_skew_s * 1e9
-        skew_ns = np.round(node_off).astype(np.int64)
-        node_ts = (t1_ns + skew_ns).tolist()
-        steps_by_node = self._rank_steps_by_node(steps, skew_ns) if self.rank_steps else {}
-        beats_by_node = self._heartbeats_by_node(skew_ns) if self.rank_steps else {}
-        rate_now, down_now, down_phys = self._fs_labels
-        cadence = self.cadence
-        full = cadence is None or self._ticks % cadence.full_every == 0
-        out: list[pb.Snapshot] = []
-        live = ~fs.node_down
-        self._seq_node += live * (1 + (cadence is not None and full))
-        seq = self._seq_node.tolist()
-        half_ns = int(round(self.interval_s * 5e8))
-        for n in np.nonzero(live)[0].tolist():
-            ports = self._node_ports[n]
-            if cadence is not None:
-                pfc = pb.Snapshot(cluster=self._cluster, source=self._nodes[n], source_kind=pb.SOURCE_KIND_NODE,
-                                  time_unix_ns=node_ts[n], seq=seq[n] - full)
-                pfc.blocks.add(entity_kind=pb.ENTITY_KIND_NIC_PORT, entity_ids=self._nic_ids_of_node[n],
-                               counter_names=NIC_PFC_COUNTERS, gauge_names=NIC_PFC_GAUGES,
-                               counters=self._nic.values[ports][:, self._nic_pfc_cols].ravel().tolist(),
-                               gauges=self._nic_gauges[ports][:, self._nic_speed_col].ravel().tolist(),
-                               labels=self._nic_netdev_labels[n])
-                self._events_into(pfc, fs, n, skew_ns)
-                pfc.rank_steps.extend(steps_by_node.get(n, ()))
-                pfc.rank_progress.extend(beats_by_node.get(n, ()))
-                out.append(pfc)
-                if not full:
-                    continue
-            snap = pb.Snapshot(cluster=self._cluster, source=self._nodes[n], source_kind=pb.SOURCE_KIND_NODE,
-                               time_unix_ns=node_ts[n] + (half_ns if cadence is not None else 0), seq=seq[n])
-            rows = slice(n * G, (n + 1) * G)
-            snap.blocks.add(entity_kind=pb.ENTITY_KIND_GPU, entity_ids=self._gpu_ids, counter_names=GPU_COUNTERS,
-                            gauge_names=GPU_GAUGES, counters=self._gpu.values[rows].ravel().tolist(),
-                            gauges=self._gpu_gauges[rows].ravel().tolist(), labels=self._gpu_static_labels[n])
-            names, values = NIC_COUNTERS, self._nic.values[ports]
-            if cadence is not None:
-                names, values = NIC_FULL_COUNTERS, values[:, self._nic_full_cols]
-            nic = snap.blocks.add(entity_kind=pb.ENTITY_KIND_NIC_PORT, entity_ids=self._nic_ids_of_node[n],
-                                  counter_names=names, gauge_names=NIC_GAUGES, counters=values.ravel().tolist(),
-                                  gauges=self._nic_gauges[ports].ravel().tolist(), labels=self._nic_static_labels[n])
-            links = [self._nic_link_labels(p, rate_now, down_now, down_phys) for p in ports.tolist()]
-            for name, values in zip(("rate", "state", "phys_state"), zip(*links)):
-                nic.labels.add(name=name, values=values)
-            if cadence is None:
-                self._events_into(snap, fs, n, skew_ns)
-                snap.rank_steps.extend(steps_by_node.get(n, ()))
-                snap.rank_progress.extend(beats_by_node.get(n, ()))
-            out.append(snap)
-        if not full:
-            return out
-        S = len(self._switches)
-        sw_ts = (t1_ns + np.round(rng.normal(0, 2e5, S)).astype(np.int64)).tolist()
-        self._seq_sw += 1
-        seq = self._seq_sw.tolist()
-        for s in range(S):
-            rows = self._switch_ports[s]
-            snap = pb.Snapshot(cluster=self._cluster, source=self._switches[s], source_kind=pb.SOURCE_KIND_SWITCH,
-                               time_unix_ns=sw_ts[s], seq=seq[s])
-            names = _SWITCH_ALL if self.switch_tx_pause_duration else SWITCH_COUNTERS
-            snap.blocks.add(entity_kind=pb.ENTITY_KIND_SWITCH_PORT, entity_ids=self._sw_ids[s],
-                            counter_names=names, gauge_names=SWITCH_PORT_GAUGES,
-                            counters=self._sw.values[rows][:, :len(names)].ravel().tolist(),
-                            gauges=self._sw_gauges[rows].ravel().tolist())
-            out.append(snap)
-        return out
-
-    def _events_into(self, snap: pb.Snapshot, fs: _FaultState, n: int, skew_ns: np.ndarray) -> None:
-        for kind, gpu, code, t in fs.events.get(n, ()):
-            if kind == "xid":
-                detail = f"Xid (PCI:{self._gpu_bdf[gpu][:-2]}): {code}, {XID_TEXT.get(code, 'Unknown Xid')}"
-            else:
-                detail = f"{code} double-bit ECC error(s)"
-            snap.events.add(entity_id=self._gpu_ids[gpu], kind=kind, code=code if kind == "xid" else 0,
-                            time_unix_ns=self.start_unix_ns + int(round(t * 1e9)) + int(skew_ns[n]), detail=detail)
-
-    def _rank_steps_by_node(self, steps: list, skew_ns: np.ndarray) -> dict[int, list[pb.RankStep]]:
-        """`RankStep` messages of the steps that ended this tick, grouped by node index."""
-        out: dict[int, list[pb.RankStep]] = {}
-        for jr, step, start, seconds, busy in steps:
-            world = jr.world
-            start_ns = (self.start_unix_ns + int(round(start * 1e9)) + skew_ns[jr.rank_node]).tolist()
-            step_s = np.broadcast_to(seconds, (world,)).tolist()
-            busy_s = np.broadcast_to(busy, (world,)).tolist()
-            for r, (node, gpu) in enumerate(zip(jr.rank_node.tolist(), jr.rank_gpu.tolist())):
-                out.setdefault(node, []).append(pb.RankStep(
-                    job_id=jr.job.job_id, rank=r, world_size=world, node=self._nodes[node], local_gpu=gpu, step=step,
-                    start_unix_ns=start_ns[r], step_seconds=step_s[r], busy_seconds=busy_s[r],
-                    collective_wait_seconds=step_s[r] - busy_s[r]))
-        return out
-
     # ---------------------------------------------------------------- ranks: heartbeats, hangs
 
     def _init_heartbeats(self) -> None:
@@ -2044,21 +1748,6 @@ class ClusterSimulator:
                     self._beats_out.append((jr, r, tb, *hb.counters(r, tb, done, open_)))
             hb.count_finished(done)
 
-    def _heartbeats_by_node(self, skew_ns: np.ndarray) -> dict[int, list[pb.RankProgress]]:
-        """This tick's heartbeats as `RankProgress` messages, on their node's clock, by node index."""
-        out: dict[int, list[pb.RankProgress]] = {}
-        base = self.start_unix_ns
-        for jr, r, tb, entered, completed, last_e, last_c, step in self._beats_out:
-            node = int(jr.rank_node[r])
-            skew = int(skew_ns[node])
-            out.setdefault(node, []).append(pb.RankProgress(
-                job_id=jr.job.job_id, rank=r, world_size=jr.world, node=self._nodes[node],
-                local_gpu=int(jr.rank_gpu[r]), time_unix_ns=base + int(round(tb * 1e9)) + skew,
-                collectives_entered=entered, collectives_completed=completed,
-                last_entered_unix_ns=base + int(round(last_e * 1e9)) + skew if last_e is not None else 0,
-                last_completed_unix_ns=base + int(round(last_c * 1e9)) + skew if last_c is not None else 0,
-                step=max(step, 0)))
-        return out
 
     def _hang_truth(self, f) -> list[GroundTruth]:
         """The hang a fault causes, on the rank that holds up its job (consequence of a GPU lost,

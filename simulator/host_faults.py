@@ -14,11 +14,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fabricwatch.xid import CATALOG as XID_CATALOG
-from fabricwatch.xid import GPU_LOST_XIDS, PREEMPTIVE_CLEANUP, UNCORRECTABLE_ECC_XIDS, is_gpu_fault
-
 from fabricwatch.simulator.labels import HANG_PROCESS_LOST, HANG_STUCK_PROCESS
 from fabricwatch.simulator.timeline import INF, check_times
+from fabricwatch.xid import CATALOG as XID_CATALOG
+from fabricwatch.xid import GPU_LOST_XIDS, PREEMPTIVE_CLEANUP, UNCORRECTABLE_ECC_XIDS, is_gpu_fault
 
 # XID facts from NVIDIA's Xid catalog, one source for the simulator and the detectors
 # (`fabricwatch.xid`): the text the driver logs, which XIDs raise the DBE counter, which lose the GPU.
@@ -262,7 +261,6 @@ class ApplicationXid:
 
     def burst_times(self) -> list[float]:
         return [self.onset_s + k * self.period_s for k in range(self.bursts)]
-
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,9 @@ import math
 
 INF = math.inf
 
+# 2026-01-01T00:00:00Z: a fixed default so that runs are reproducible.
+DEFAULT_START_UNIX_NS = 1_767_225_600_000_000_000
+
 
 def check_times(onset_s: float, offset_s: float) -> None:
     if not onset_s >= 0.0:

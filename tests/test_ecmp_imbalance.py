@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from fabricwatch.simulator.fabric_faults import EcmpPolarization, SwitchLinkDown
-from fabricwatch.simulator.cluster import _SC, ClusterSimulator
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.columns import _SC
 from fabricwatch.evaluation.matching import match
 from fabricwatch.evaluation.report import FABRICWATCH, run_scenario
 from fabricwatch.evaluation.scenarios import Scenario

@@ -253,7 +253,7 @@ def test_healthy_links_correct_codewords_and_lose_none():
 
 
 def test_at_the_collectors_real_cadence_pfc_only_ticks_change_nothing():
-    from fabricwatch.simulator.cluster import COLLECTOR_CADENCE
+    from fabricwatch.simulator.encoding import COLLECTOR_CADENCE
     topo = rail_optimised("c1", n_nodes=4, nodes_per_unit=4, n_spines=2)
     sim = ClusterSimulator(topo, seed=3, cadence=COLLECTOR_CADENCE,
                            faults=[LinkDown("node-0002", "mlx5_5/1", onset_s=10.55, offset_s=60.55)])

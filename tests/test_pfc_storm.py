@@ -642,7 +642,7 @@ def _pipeline_storms(faults, seconds, **sim_kw):
     """OPEN pfc_storm entity paths from the worker's batched path (`replay` through the
     `DetectionPipeline`: screened stacks, grouped rates) at the collectors' real cadence
     (PFC-only node ticks every 100 ms, full snapshots and switches every second)."""
-    from fabricwatch.simulator.cluster import COLLECTOR_CADENCE
+    from fabricwatch.simulator.encoding import COLLECTOR_CADENCE
     from fabricwatch.protos.v1 import events_pb2 as evpb
     from fabricwatch.streams.pipeline import DetectionPipeline
     from fabricwatch.streams.replay import replay
