@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from fabricwatch.simulator.labels import HANG_PROCESS_LOST, HANG_STUCK_PROCESS
 from fabricwatch.simulator.timeline import INF, check_times
-from fabricwatch.xid import CATALOG as XID_CATALOG
 from fabricwatch.xid import GPU_LOST_XIDS, PREEMPTIVE_CLEANUP, UNCORRECTABLE_ECC_XIDS, is_gpu_fault
+from fabricwatch.xid import CATALOG as XID_CATALOG
 
 # XID facts from NVIDIA's Xid catalog, one source for the simulator and the detectors
 # (`fabricwatch.xid`): the text the driver logs, which XIDs raise the DBE counter, which lose the GPU.
