@@ -65,3 +65,12 @@ class _FaultState:
     sw_quiet: np.ndarray | None = None             # no incast at all
     q_drops: np.ndarray | None = None              # [switch port, (queue 3, queue 0)] drops per second
     nic_q_drops: np.ndarray | None = None          # NIC port: priority-3 receive discards per second
+
+
+def _first_effect_s(f) -> float:
+    """When a fault first shows: its onset, or the FEC errors of a link about to die before it."""
+    return f.onset_s - getattr(f, "fec_warning_s", 0.0)
+
+
+def _overlap(a: float, b: float, t0: float, t1: float) -> float:
+    return max(0.0, min(b, t1) - max(a, t0))

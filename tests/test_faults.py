@@ -28,7 +28,8 @@ from helpers import (FAST_GROUP_ENV, Process, RecordingSink, Worker, free_port, 
 from fabricwatch.simulator.fabric_faults import PfcStorm
 from fabricwatch.simulator.host_faults import Straggler
 from fabricwatch.collectors.sender import GatewaySender, SenderConfig
-from fabricwatch.simulator.cluster import ClusterSimulator, Job
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.workload import Job
 from fabricwatch.localkafka import LocalKafka
 from fabricwatch.models.topology import rail_optimised
 from fabricwatch.protos.v1 import events_pb2 as ev

@@ -149,7 +149,8 @@ def test_placement_facts_carry_the_job_size():
 
 def test_the_pipeline_prices_a_straggler_from_its_ranks():
     from fabricwatch.simulator.host_faults import Straggler
-    from fabricwatch.simulator.cluster import ClusterSimulator, Job
+    from fabricwatch.simulator.cluster import ClusterSimulator
+    from fabricwatch.simulator.workload import Job
     from fabricwatch.simulator.encoding import COLLECTOR_CADENCE
     from fabricwatch.streams.pipeline import DetectionPipeline
     from fabricwatch.streams.replay import replay

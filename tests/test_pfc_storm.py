@@ -10,7 +10,8 @@ import pytest
 
 from fabricwatch.simulator.fabric_faults import AdminToggle, PfcStorm, PinnedCounter, SwitchPfcStorm
 from fabricwatch.simulator.host_faults import NodeReboot
-from fabricwatch.simulator.cluster import ClusterSimulator, Job
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.workload import Job
 from fabricwatch.models.findings import OPEN, RESOLVED, UPDATE, EntityRef, Evidence
 from fabricwatch.models.frames import NIC_PORT, SWITCH_PORT, EntityFrame, SourceView
 from fabricwatch.models.pfc_storm import PAUSED, PAUSING, PauseStateChange, PfcWatchdog

@@ -31,7 +31,8 @@ from helpers import FAST_GROUP_ENV, Worker, wait_caught_up
 from fabricwatch.simulator.fabric_faults import LinkDowngrade, LinkFlap, PfcStorm
 from fabricwatch.simulator.host_faults import GpuXid, Straggler
 from fabricwatch.collectors.run_simulated import Linger
-from fabricwatch.simulator.cluster import ClusterSimulator, Job
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.workload import Job
 from fabricwatch.simulator.encoding import COLLECTOR_CADENCE
 from fabricwatch.models.topology import rail_optimised
 from fabricwatch.protos.v1 import events_pb2 as ev

@@ -11,7 +11,8 @@ from helpers import entity_rows
 from fabricwatch.simulator.fabric_faults import AdminToggle, LinkDowngrade, LinkFlap, PfcStorm
 from fabricwatch.simulator.host_faults import ClockSkew, EccUncorrectable, GpuXid, NodeReboot, Straggler
 from fabricwatch.simulator.labels import GroundTruth
-from fabricwatch.simulator.cluster import ClusterSimulator, Job, auto_jobs, demo_scenario
+from fabricwatch.simulator.cluster import ClusterSimulator, demo_scenario
+from fabricwatch.simulator.workload import Job, auto_jobs
 from fabricwatch.simulator.columns import GPU_COUNTERS, NIC_COUNTERS, SWITCH_COUNTERS, SWITCH_PORT_GAUGES
 from fabricwatch.counters import GPU_GAUGES, NIC_GAUGES, Overflow, spec_for
 from fabricwatch.models.linkrate import parse_ib_rate

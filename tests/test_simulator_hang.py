@@ -8,7 +8,8 @@ import pytest
 from fabricwatch.simulator.fabric_faults import AdminToggle, LinkDown
 from fabricwatch.simulator.host_faults import CheckpointStall, GpuXid, JobPause, LongStep, RankLost, RankStuck
 from fabricwatch.simulator.labels import HANG_LABEL_MIN_S, HANG_ROOTS
-from fabricwatch.simulator.cluster import ClusterSimulator, Job
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.workload import Job
 from fabricwatch.models import hang, node_health
 from fabricwatch.models.topology import rail_optimised
 from fabricwatch.protos.v1 import telemetry_pb2 as pb

@@ -11,7 +11,8 @@ import pytest
 from helpers import nic_snapshot
 
 from fabricwatch.simulator.fabric_faults import PfcStorm
-from fabricwatch.simulator.cluster import ClusterSimulator, Job
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.workload import Job
 from fabricwatch.models.findings import OPEN, EntityRef, Evidence
 from fabricwatch.models.pfc_storm import PAUSED, PAUSING, PauseStateChange
 from fabricwatch.models.storm_locator import (

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from fabricwatch.simulator.host_faults import EccUncorrectable, GpuXid, Straggler
-from fabricwatch.simulator.cluster import ClusterSimulator, Job, auto_jobs
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.workload import Job, auto_jobs
 from fabricwatch.models.findings import CRITICAL, INFO, OPEN, RESOLVED, WARNING, EntityRef, Finding
 from fabricwatch.models.frames import RankStep
 from fabricwatch.models.node_health import (

@@ -100,7 +100,8 @@ from fabricwatch.simulator.host_faults import (
     NodeReboot, RankLost, RankStuck, Straggler, XidCascade,
 )
 from fabricwatch.simulator.timeline import INF
-from fabricwatch.simulator.cluster import ClusterSimulator, Job, auto_jobs
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.workload import Job, auto_jobs
 from fabricwatch.simulator.encoding import Cadence
 from fabricwatch.simulator.timeline import DEFAULT_START_UNIX_NS
 from fabricwatch.models.topology import Topology, rail_optimised
