@@ -43,18 +43,17 @@ are layered on top and listed by `ClusterSimulator.ground_truth`.
 """
 from __future__ import annotations
 
-import math
 import re
 from typing import Union
 
 import numpy as np
 
-from fabricwatch.counters import GPU_GAUGES, NIC_GAUGES, Overflow, spec_for
+from fabricwatch.counters import NIC_GAUGES, Overflow, spec_for
 from fabricwatch.models.linkrate import parse_ib_rate
 from fabricwatch.models.topology import Topology, rail_optimised
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.simulator.columns import (
-    _GC, _NC, _SC, _SWITCH_ALL, GPU_COUNTERS, NIC_COUNTERS, SWITCH_PORT_GAUGES, SWITCH_TX_PAUSE_DURATION, _Counters,
+    _NC, _SC, _SWITCH_ALL, NIC_COUNTERS, SWITCH_PORT_GAUGES, SWITCH_TX_PAUSE_DURATION, _Counters,
 )
 from fabricwatch.simulator.encoding import Cadence, SnapshotEncoder
 from fabricwatch.simulator.fabric_faults import (
@@ -63,8 +62,9 @@ from fabricwatch.simulator.fabric_faults import (
     SwitchPfcStorm,
 )
 from fabricwatch.simulator.fault_effects import _FaultState, _first_effect_s, _overlap
+from fabricwatch.simulator.gpus import GPU_TDP_W, GpuModel, _pcie_gbps
 from fabricwatch.simulator.host_faults import (
-    PARTIAL_PAUSE_DUTY_RANGE, REASON_GPU_IDLE, REASON_HW_THERMAL, REASON_SW_POWER_CAP, REASON_SW_THERMAL, XID_GPU_LOST,
+    PARTIAL_PAUSE_DUTY_RANGE, REASON_HW_THERMAL, REASON_SW_POWER_CAP, REASON_SW_THERMAL, XID_GPU_LOST,
     XID_UNCORRECTABLE_ECC, ApplicationXid, CheckpointStall, ClockSkew, EccUncorrectable, GpuPcieDowngrade, GpuXid,
     JobPause, LongStep, NodeReboot, RankLost, RankStuck, Straggler, XidCascade,
 )
@@ -91,11 +91,6 @@ XON_FRAMES_PER_S = 20_000.0    # rate of a XON-only flood
 # Counter quirk: NIC ports whose 32-bit port_xmit_wait has saturated over a long uptime and
 # was never cleared (IBA PortCounters stop at all ones); drawn from a separate stream.
 XMIT_WAIT_PINNED_FRACTION = 0.1
-GPU_TDP_W = 700.0
-GPU_IDLE_W = 70.0
-GPU_MAX_CLOCK_MHZ = 1980.0
-GPU_IDLE_CLOCK_MHZ = 345.0
-PCIE_GEN_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 FAILOVER_COMM_SPEED = 0.5      # a NIC carrying two rails: that rail's share of a collective takes twice as long
 FAILING_LINK_FEC_UNCORRECTABLE_PER_S = 3.0   # post-FEC symbol errors of a link about to die [U]
 LINK_EVENT_DROPS = 5.0         # packets of each queue in flight lost at a link transition [U]
@@ -110,11 +105,6 @@ def _natural_key(name: str) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
-def _pcie_gbps(gen: int, width: int) -> float:
-    """Usable PCIe bandwidth in Gb/s (128b/130b coding and ~82 % TLP efficiency)."""
-    return PCIE_GEN_GTS.get(int(gen), 32.0) * width * (128 / 130) * 0.82
-
-
 # Per (leaf, spine) and tick, the spread traffic's share varies by this lognormal sigma
 # (ecmp_spread): flows start and stop, bursts land unevenly; a working hash over many QPs.
 ECMP_JITTER_SIGMA = 0.25
@@ -123,7 +113,7 @@ ECMP_JITTER_SIGMA = 0.25
 # --------------------------------------------------------------------------- simulator
 
 
-class ClusterSimulator(SnapshotEncoder, Labelling, Workload):
+class ClusterSimulator(SnapshotEncoder, Labelling, Workload, GpuModel):
     """A seeded, deterministic simulated cluster; see the module docstring.
 
     Parameters
@@ -873,9 +863,30 @@ class ClusterSimulator(SnapshotEncoder, Labelling, Workload):
     # ---------------------------------------------------------------- state
 
     def _init_state(self) -> None:
+        """The state at the start: every counter's total after days of uptime, the noise processes,
+        the clocks, each job at a random point of a step (one random stream: keep the draws' order)."""
         rng = self._rng
-        N, G, P, SP = len(self._nodes), self.G, self.P, self.SP
+        N, G = len(self._nodes), self.G
         uptime = rng.uniform(2, 60, N) * 86400.0
+        self._init_nic_state(uptime)
+        self._init_gpu_state(uptime)
+        self._init_switch_state()
+        S, P = len(self._switches), self.P
+        # clocks and sequence numbers
+        self._node_clock_ns = np.clip(rng.normal(0, 2e6, N), -5e6, 5e6)
+        self._seq_node = np.zeros(N, dtype=np.int64)
+        self._seq_sw = np.zeros(S, dtype=np.int64)
+        self._nic_gauges = np.zeros((P, len(NIC_GAUGES)))
+        # jobs start at a random point of a step
+        for jr in self._jobs:
+            self._start_step(jr, 0.0, np.ones(N * G))
+            jr.step_start = -float(rng.uniform(0, jr.comp_len))
+            jr.phase_left = max(jr.comp_len + jr.step_start, 1e-3)
+
+    def _init_nic_state(self, uptime: np.ndarray) -> None:
+        """Every NIC port's counters after its node's ``uptime`` (seconds), its BER, marginal links."""
+        rng = self._rng
+        P = self.P
         up_p = uptime[self._p_node]
         util = rng.uniform(0.1, 0.4, P)
         words = up_p * util * self._p_nominal_Bps / 4
@@ -915,26 +926,12 @@ class ClusterSimulator(SnapshotEncoder, Labelling, Workload):
         v[:, c["rx_pcs_symbol_err_phy"]] = np.where(self._p_marginal, rng.integers(0, 500, P), 0)
         self._nic.values[:] = np.floor(v).astype(np.uint64)
         self._nic.clamp()
-        # GPUs
-        NG = N * G
-        self._gpu = _Counters(GPU_COUNTERS, NG)
-        g_up = np.repeat(uptime, G)
-        self._gpu_ecc_rate = np.where(rng.random(NG) < 0.03, rng.uniform(1e-3, 0.05, NG), 0.0)
-        self._gpu_replay_rate = np.where(rng.random(NG) < 0.02, rng.uniform(1e-4, 2e-3, NG), 0.0)
-        gv = np.zeros((NG, len(GPU_COUNTERS)))
-        gv[:, _GC["ecc_corrected_volatile_total"]] = np.floor(self._gpu_ecc_rate * g_up * 0.1)
-        gv[:, _GC["pcie_replay_total"]] = np.floor(self._gpu_replay_rate * g_up)
-        gv[:, _GC["energy_mj"]] = g_up * rng.uniform(250, 500, NG) * 1000
-        self._gpu.values[:] = gv.astype(np.uint64)
-        self._gpu_remap_corr = np.where(rng.random(NG) < 0.02, rng.integers(1, 4, NG), 0).astype(float)
-        self._gpu_remap_unc = np.zeros(NG)
-        self._gpu_hot = rng.uniform(0.95, 1.1, NG)       # per-GPU power appetite
-        self._node_inlet = rng.uniform(22, 30, N)
-        busy_w = np.where(self._node_job >= 0, 560.0, GPU_IDLE_W)
-        self._gpu_temp = np.repeat(self._node_inlet + 0.065 * busy_w, G) + rng.normal(0, 1.5, NG)
-        self._gpu_gauges = np.full((NG, len(GPU_GAUGES)), np.nan)
-        self._gpu_prev_lost = np.zeros(NG, bool)
-        # switch ports
+
+
+    def _init_switch_state(self) -> None:
+        """Every switch port's counters after the switch's uptime; the congestion processes at rest."""
+        rng = self._rng
+        P, SP = self.P, self.SP
         self._sw = _Counters(_SWITCH_ALL, SP)
         sw_up = rng.uniform(30, 400, len(self._switches))[self._sp_switch] * 86400.0
         sv = np.zeros((SP, len(_SWITCH_ALL)))
@@ -973,16 +970,6 @@ class ClusterSimulator(SnapshotEncoder, Labelling, Workload):
         self._nic_slow_level = np.zeros(P)
         self._nic_slow_left = np.zeros(P)
         self._p_act = np.zeros(P)
-        # clocks and sequence numbers
-        self._node_clock_ns = np.clip(rng.normal(0, 2e6, N), -5e6, 5e6)
-        self._seq_node = np.zeros(N, dtype=np.int64)
-        self._seq_sw = np.zeros(S, dtype=np.int64)
-        self._nic_gauges = np.zeros((P, len(NIC_GAUGES)))
-        # jobs start at a random point of a step
-        for jr in self._jobs:
-            self._start_step(jr, 0.0, np.ones(N * G))
-            jr.step_start = -float(rng.uniform(0, jr.comp_len))
-            jr.phase_left = max(jr.comp_len + jr.step_start, 1e-3)
 
     # ---------------------------------------------------------------- fabric
 
@@ -1234,61 +1221,6 @@ class ClusterSimulator(SnapshotEncoder, Labelling, Workload):
         sg[:, 1] = oper
         sg[:, 2] = np.where(fs.sp_admin_down_now, 0.0, 1.0)
         sg[:, 3] = np.floor(occ * oper)
-
-    # ---------------------------------------------------------------- GPUs
-
-    def _simulate_gpus(self, fs: _FaultState, acc: np.ndarray, t0: float, t1: float) -> None:
-        rng = self._rng
-        dt = t1 - t0
-        N, G = len(self._nodes), self.G
-        NG = N * G
-        nj = np.where(self._node_job < 0, len(self._jobs), self._node_job)
-        fr = acc[nj, :5] / dt                                    # ckpt, compute, comm, eval, restart
-        fr = np.repeat(fr, G, axis=0)
-        busy_frac = fr.sum(axis=1)
-        idle = np.clip(1 - busy_frac, 0, 1)
-        util = (fr[:, 1] * rng.uniform(0.94, 1.0, NG) + fr[:, 2] * rng.uniform(0.88, 1.0, NG)
-                + fr[:, 3] * rng.uniform(0.55, 0.85, NG) + fr[:, 0] * rng.uniform(0.0, 0.12, NG)
-                + idle * rng.uniform(0.0, 0.02, NG)) * 100.0
-        load = (0.92 * fr[:, 1] + 0.42 * fr[:, 2] + 0.6 * fr[:, 3] + 0.1 * fr[:, 0])
-        power = GPU_IDLE_W * rng.uniform(0.95, 1.05, NG) + (GPU_TDP_W - GPU_IDLE_W) * load * self._gpu_hot * rng.uniform(0.93, 1.03, NG)
-        power = power / np.where(fs.gpu_clock_factor < 1, 1 / fs.gpu_clock_factor, 1.0) ** 0.5
-        capped = power > fs.gpu_power_cap
-        power = np.minimum(power, fs.gpu_power_cap * rng.uniform(0.985, 1.0, NG))
-        is_idle = util < 5.0
-        clock = np.where(is_idle, GPU_IDLE_CLOCK_MHZ,
-                         GPU_MAX_CLOCK_MHZ * np.where(capped, rng.uniform(0.86, 0.95, NG), rng.uniform(0.985, 1.0, NG)))
-        slowed = fs.gpu_clock_factor < 1
-        clock = np.where(slowed & ~is_idle, GPU_MAX_CLOCK_MHZ * fs.gpu_clock_factor * rng.uniform(0.98, 1.0, NG), clock)
-        reason = np.where(is_idle, REASON_GPU_IDLE, fs.gpu_reason)   # throttling shows under load
-        reason |= np.where(capped, REASON_SW_POWER_CAP, 0)
-        target = np.repeat(self._node_inlet, G) + 0.065 * power + fs.gpu_temp_boost
-        self._gpu_temp += (target - self._gpu_temp) * (1 - math.exp(-dt / 30.0))
-        temp = np.round(self._gpu_temp)
-        gen = np.where(is_idle, 1.0, 5.0)
-        gg = self._gpu_gauges
-        gg[:, 0] = np.round(util)
-        gg[:, 1] = np.round(clock)
-        gg[:, 2] = GPU_MAX_CLOCK_MHZ
-        gg[:, 3] = reason
-        gg[:, 4] = np.round(power * 1000.0)
-        gg[:, 5] = temp
-        gg[:, 6] = gen
-        gg[:, 7] = 5.0
-        gg[:, 8] = fs.gpu_pcie_width
-        gg[:, 9] = 16.0
-        gg[:, 10] = self._gpu_remap_corr
-        self._gpu_remap_unc += fs.gpu_remap_unc
-        gg[:, 11] = self._gpu_remap_unc
-        lost = fs.gpu_lost
-        gg[lost] = np.nan
-        inc = np.zeros((NG, len(GPU_COUNTERS)))
-        inc[:, 0] = rng.poisson(self._gpu_ecc_rate * dt)
-        inc[:, 1] = fs.gpu_ecc_unc
-        inc[:, 2] = rng.poisson(self._gpu_replay_rate * dt)
-        inc[:, 3] = power * dt * 1000.0
-        alive = ~lost & ~np.repeat(fs.node_down, G)
-        self._gpu.add(inc, rows=np.nonzero(alive)[0])
 
     # ---------------------------------------------------------------- ECMP and deadlock faults
 
