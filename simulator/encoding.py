@@ -23,7 +23,7 @@ from fabricwatch.simulator.columns import (
     _NC, _SWITCH_ALL, GPU_COUNTERS, NIC_COUNTERS, NIC_FULL_COUNTERS, NIC_PFC_COUNTERS, NIC_PFC_GAUGES, SWITCH_COUNTERS,
     SWITCH_PORT_GAUGES,
 )
-from fabricwatch.simulator.fault_effects import _FaultState
+from fabricwatch.simulator.fault_state import _FaultState
 from fabricwatch.simulator.host_faults import XID_TEXT
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from fabricwatch.simulator.columns import (
     _NC, _SC, _SWITCH_ALL, NIC_COUNTERS, SWITCH_PORT_GAUGES, SWITCH_TX_PAUSE_DURATION, _Counters,
 )
-from fabricwatch.simulator.fault_effects import _FaultState
+from fabricwatch.simulator.fault_state import _FaultState
 
 
 # Physical constants of the model (documented guesses where no source gives a number).

@@ -18,7 +18,7 @@ import numpy as np
 
 from fabricwatch.counters import GPU_GAUGES
 from fabricwatch.simulator.columns import _GC, GPU_COUNTERS, _Counters
-from fabricwatch.simulator.fault_effects import _FaultState
+from fabricwatch.simulator.fault_state import _FaultState
 from fabricwatch.simulator.host_faults import REASON_GPU_IDLE, REASON_SW_POWER_CAP
 
 # The GPU's constants: an H100 SXM's TDP and SM clocks, PCIe GT/s per generation.

@@ -20,7 +20,8 @@ import numpy as np
 from fabricwatch.models.topology import Topology
 from fabricwatch.rank import HEARTBEAT_INTERVAL_S
 from fabricwatch.simulator.fabric_faults import AdminToggle, LinkDown, NicAdminDown, PfcStorm
-from fabricwatch.simulator.fault_effects import _FaultState, _first_effect_s, _overlap
+from fabricwatch.simulator.fault_effects import _first_effect_s, _overlap
+from fabricwatch.simulator.fault_state import _FaultState
 from fabricwatch.simulator.host_faults import (
     XID_GPU_LOST, CheckpointStall, GpuXid, JobPause, LongStep, RankLost, RankStuck,
 )
