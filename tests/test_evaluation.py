@@ -4,13 +4,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fabricwatch.simulator.labels import GroundTruth
 from fabricwatch.evaluation.baselines import StaticRules
 from fabricwatch.evaluation.matching import CLOCK_TOLERANCE_NS, detection_from_event, entity_path, grace_ns, match
 from fabricwatch.evaluation.scenarios import FAULT_CLASSES, SuiteConfig, build_suites, expected_case_counts
 from fabricwatch.models.frames import EntityFrame, SourceView
 from fabricwatch.models.rates import RateTracker
 from fabricwatch.protos.v1 import events_pb2 as ev
+from fabricwatch.simulator.labels import GroundTruth
 
 S = 1_000_000_000
 T0 = 1_767_225_600 * S

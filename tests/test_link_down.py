@@ -4,13 +4,13 @@ import math
 import numpy as np
 import pytest
 
-from fabricwatch.simulator.fabric_faults import AdminToggle, LinkDown, LinkFlap, NicAdminDown, SwitchLinkDown
-from fabricwatch.simulator.host_faults import NodeReboot
-from fabricwatch.simulator.cluster import ClusterSimulator
 from fabricwatch.models.findings import CRITICAL, OPEN, RESOLVED, UPDATE, WARNING
 from fabricwatch.models.frames import EntityFrame, SourceBatch, SourceView
 from fabricwatch.models.link_down import LINK_DOWN_HOLD_S, LinkDownDetector
 from fabricwatch.models.topology import rail_optimised
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.fabric_faults import AdminToggle, LinkDown, LinkFlap, NicAdminDown, SwitchLinkDown
+from fabricwatch.simulator.host_faults import NodeReboot
 from fabricwatch.streams.pipeline import DetectionPipeline
 
 UP, DOWN = "4: ACTIVE", "1: DOWN"

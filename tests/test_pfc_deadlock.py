@@ -1,7 +1,6 @@
 """pfc_deadlock: a loop of switches pausing each other that persists; storms and transients stay silent."""
 import pytest
 
-from fabricwatch.simulator.fabric_faults import PfcDeadlock, PfcStorm
 from fabricwatch.evaluation.matching import match
 from fabricwatch.evaluation.report import FABRICWATCH, run_scenario
 from fabricwatch.evaluation.scenarios import Scenario
@@ -10,6 +9,7 @@ from fabricwatch.models.pfc_deadlock import DEADLOCK_HOLD_MS, PfcDeadlockDetecto
 from fabricwatch.models.pfc_storm import PauseStateChange
 from fabricwatch.models.storm_locator import SourceProgress, StormLocator
 from fabricwatch.models.topology import rail_optimised
+from fabricwatch.simulator.fabric_faults import PfcDeadlock, PfcStorm
 from fabricwatch.streams.pipeline import DetectionPipeline
 from fabricwatch.streams.storm_stage import StormStage
 

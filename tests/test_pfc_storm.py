@@ -8,10 +8,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from fabricwatch.simulator.fabric_faults import AdminToggle, PfcStorm, PinnedCounter, SwitchPfcStorm
-from fabricwatch.simulator.host_faults import NodeReboot
-from fabricwatch.simulator.cluster import ClusterSimulator
-from fabricwatch.simulator.workload import Job
 from fabricwatch.models.findings import OPEN, RESOLVED, UPDATE, EntityRef, Evidence
 from fabricwatch.models.frames import NIC_PORT, SWITCH_PORT, EntityFrame, SourceView
 from fabricwatch.models.pfc_storm import PAUSED, PAUSING, PauseStateChange, PfcWatchdog
@@ -19,6 +15,10 @@ from fabricwatch.models.rates import RateTracker
 from fabricwatch.models.storm_locator import (ORPHAN_GRACE_MS, SILENT_SOURCE_CONFIDENCE, SWITCH_SOURCE_CONFIDENCE,
                                               StormLocator)
 from fabricwatch.models.topology import rail_optimised
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.fabric_faults import AdminToggle, PfcStorm, PinnedCounter, SwitchPfcStorm
+from fabricwatch.simulator.host_faults import NodeReboot
+from fabricwatch.simulator.workload import Job
 from fabricwatch.streams.decode import to_view
 
 MS = 1_000_000

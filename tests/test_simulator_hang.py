@@ -5,15 +5,15 @@ from collections import defaultdict
 
 import pytest
 
-from fabricwatch.simulator.fabric_faults import AdminToggle, LinkDown
-from fabricwatch.simulator.host_faults import CheckpointStall, GpuXid, JobPause, LongStep, RankLost, RankStuck
-from fabricwatch.simulator.labels import HANG_LABEL_MIN_S, HANG_ROOTS
-from fabricwatch.simulator.cluster import ClusterSimulator
-from fabricwatch.simulator.workload import Job
 from fabricwatch.models import hang, node_health
 from fabricwatch.models.topology import rail_optimised
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.rank import HEARTBEAT_INTERVAL_S
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.fabric_faults import AdminToggle, LinkDown
+from fabricwatch.simulator.host_faults import CheckpointStall, GpuXid, JobPause, LongStep, RankLost, RankStuck
+from fabricwatch.simulator.labels import HANG_LABEL_MIN_S, HANG_ROOTS
+from fabricwatch.simulator.workload import Job
 from fabricwatch.streams import topics
 from fabricwatch.streams.decode import rank_progress_of
 from fabricwatch.streams.gateway import split_records

@@ -14,9 +14,6 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from fabricwatch.simulator.host_faults import EccUncorrectable, GpuXid, Straggler
-from fabricwatch.simulator.cluster import ClusterSimulator
-from fabricwatch.simulator.workload import Job, auto_jobs
 from fabricwatch.models.findings import CRITICAL, INFO, OPEN, RESOLVED, WARNING, EntityRef, Finding
 from fabricwatch.models.frames import RankStep
 from fabricwatch.models.node_health import (
@@ -25,6 +22,9 @@ from fabricwatch.models.node_health import (
 )
 from fabricwatch.models.straggler import StragglerDetector
 from fabricwatch.models.topology import rail_optimised
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.host_faults import EccUncorrectable, GpuXid, Straggler
+from fabricwatch.simulator.workload import Job, auto_jobs
 from fabricwatch.streams.config import DetectionConfig
 from fabricwatch.streams.decode import to_view
 from fabricwatch.streams.facts import FactBook, Progress

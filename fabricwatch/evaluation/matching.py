@@ -46,8 +46,8 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from fabricwatch.simulator.labels import GroundTruth
 from fabricwatch.protos.v1 import events_pb2 as ev
+from fabricwatch.simulator.labels import GroundTruth
 from fabricwatch.xid import UNCORRECTABLE_ECC_XIDS
 
 from .scenarios import fault_class

@@ -24,13 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
-from fabricwatch.simulator.labels import GroundTruth
 from fabricwatch.machine import cpu_model, usable_cpus
 from fabricwatch.models.impact import projected_gpu_hours
 from fabricwatch.models.ecmp_imbalance import OPEN_WINDOWS, WINDOW_S
 from fabricwatch.models.link_down import LINK_DOWN_HOLD_S
 from fabricwatch.models.pfc_deadlock import DEADLOCK_HOLD_MS
 from fabricwatch.models.rates import RateTracker
+from fabricwatch.simulator.labels import GroundTruth
 from fabricwatch.streams.decode import to_view
 from fabricwatch.streams.events import to_event
 from fabricwatch.streams.pipeline import DetectionPipeline

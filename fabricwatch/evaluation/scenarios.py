@@ -89,7 +89,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from fabricwatch.simulator.cluster import Fault
+from fabricwatch.models.topology import Topology, rail_optimised
+from fabricwatch.simulator.cluster import ClusterSimulator, Fault
+from fabricwatch.simulator.encoding import Cadence
 from fabricwatch.simulator.fabric_faults import (
     STORM_DETECTION_TIME_S, AdminToggle, EcmpPolarization, EcnAfterPause, Incast, LinkDown, LinkDowngrade, LinkFlap,
     NicAdminDown, NicLosslessDrops, NicPcieDowngrade, PfcDeadlock, PfcStorm, PinnedCounter, QueueDrops, SwitchLinkDown,
@@ -99,12 +101,8 @@ from fabricwatch.simulator.host_faults import (
     ApplicationXid, CheckpointStall, ClockSkew, EccUncorrectable, GpuPcieDowngrade, GpuXid, JobPause, LongStep,
     NodeReboot, RankLost, RankStuck, Straggler, XidCascade,
 )
-from fabricwatch.simulator.timeline import INF
-from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.timeline import DEFAULT_START_UNIX_NS, INF
 from fabricwatch.simulator.workload import Job, auto_jobs
-from fabricwatch.simulator.encoding import Cadence
-from fabricwatch.simulator.timeline import DEFAULT_START_UNIX_NS
-from fabricwatch.models.topology import Topology, rail_optimised
 
 __all__ = ["Scenario", "SuiteConfig", "build_suites", "expected_case_counts", "fault_class", "T_DETECT_S",
            "FAULT_CLASSES"]
