@@ -10,7 +10,7 @@ half a PFC interval after its PFC tick as the collector phases them. Counters ar
 (``port_xmit_data`` in 4-byte words, pause durations in microseconds, energy in mJ),
 32-bit hw counters wrapping, IB PortCounters saturating (16/8-bit error counters and the
 32-bit ``port_xmit_wait``, which ~10 % of the NICs start pinned at 2**32 - 1: a long-uptime
-quirk, `XMIT_WAIT_PINNED_FRACTION`), labels as sysfs prints them. What a NIC transmits its leaf port receives; pause frames a NIC sends its
+quirk, `fabric.XMIT_WAIT_PINNED_FRACTION`), labels as sysfs prints them. What a NIC transmits its leaf port receives; pause frames a NIC sends its
 leaf port receives; bytes crossing a spine are counted on both ends of each uplink.
 
 Healthy behaviour is deliberately noisy: synchronous data-parallel jobs on ~85 % of the
@@ -187,6 +187,8 @@ class ClusterSimulator(FaultEffects, Workload, FabricModel, GpuModel, SnapshotEn
     # ---------------------------------------------------------------- indexing
 
     def _index_topology(self) -> None:
+        """The index every part reads: nodes, NIC ports (``_p_*``), switch ports (``_sp_*``) and their
+        peers, the leaf x spine uplink tables."""
         topo = self.topology
         self._cluster = topo.cluster
         self._nodes = list(topo.nodes)

@@ -2,8 +2,8 @@
 
 `fault_effects` fills one `_FaultState` per tick [t0, t1) from every active fault; the models
 (`fabric`, `gpus`, `workload`) and the snapshots (`encoding`) read it. Arrays over NIC ports,
-GPUs (flat ``node * G + gpu``), switch ports and jobs (one extra row: no job); a field left
-None means no fault of that kind is injected.
+GPUs (flat ``node * G + gpu``), switch ports and jobs (one extra row: no job); the congestion
+fields stay None in a run without congestion faults.
 """
 from __future__ import annotations
 
