@@ -17,7 +17,7 @@ holds that version's ``fabricwatch`` package and is put first on the child's
 ``PYTHONPATH``; make one from a commit with::
 
     git archive <commit> | tar -x -C /tmp/ref-src && mkdir -p /tmp/ref && cp -r /tmp/ref-src/fabricwatch /tmp/ref/
-    for d in collectors streams models actions protos dashboard; do rm -rf /tmp/ref/fabricwatch/$d; \
+    for d in collectors simulator streams models actions protos dashboard; do rm -rf /tmp/ref/fabricwatch/$d; \
         cp -r /tmp/ref-src/$d /tmp/ref/fabricwatch/$d; done
     cp protos/v1/*_pb2*.py /tmp/ref/fabricwatch/protos/v1/
 

@@ -31,7 +31,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from report import publish  # noqa: E402
 
-from fabricwatch.collectors.simulator import COLLECTOR_CADENCE, ClusterSimulator  # noqa: E402
+from fabricwatch.simulator.cluster import ClusterSimulator  # noqa: E402
+from fabricwatch.simulator.encoding import COLLECTOR_CADENCE  # noqa: E402
 from fabricwatch.dashboard.feed import apply_record  # noqa: E402
 from fabricwatch.dashboard.state import FabricState  # noqa: E402
 from fabricwatch.machine import cpu_model, usable_cpus  # noqa: E402

@@ -17,10 +17,12 @@ from dataclasses import dataclass
 import yaml
 
 from fabricwatch import metrics
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.demo import demo_scenario
+from fabricwatch.simulator.encoding import COLLECTOR_CADENCE
 
 from .node import URGENT_PAUSE_DUTY
 from .sender import GatewaySender, SenderConfig
-from .simulator import COLLECTOR_CADENCE, ClusterSimulator, demo_scenario
 
 log = logging.getLogger("fabricwatch.simulate")
 # The node collector's `gateway.linger_s`; its hand-over rule is collectors/node.py `PauseWatch`.

@@ -1,6 +1,6 @@
 """A simulated fault scenario for the dashboard tests, as the Kafka records the real path writes.
 
-The simulator (`collectors.simulator`, the README demo's faults, with the PFC storm kept
+The simulator (`fabricwatch.simulator`, the README demo's faults, with the PFC storm kept
 on so it is still open when the browser looks) produces snapshots; the gateway's own
 `split_records` turns them into telemetry and rank-steps records; the real detectors
 (`DetectionPipeline`, as in replay) turn them into anomaly events. No policy engine
@@ -14,10 +14,13 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from fabricwatch.collectors.faults import INF, PfcStorm, Straggler
-from fabricwatch.collectors.simulator import ClusterSimulator, demo_scenario
 from fabricwatch.models.topology import Topology
 from fabricwatch.protos.v1 import events_pb2 as ev
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.demo import demo_scenario
+from fabricwatch.simulator.fabric_faults import PfcStorm
+from fabricwatch.simulator.host_faults import Straggler
+from fabricwatch.simulator.timeline import INF
 from fabricwatch.streams import topics
 from fabricwatch.streams.gateway import split_records
 from fabricwatch.streams.pipeline import DetectionConfig, DetectionPipeline

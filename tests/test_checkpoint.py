@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from fabricwatch.collectors.faults import PfcStorm
-from fabricwatch.collectors.simulator import ClusterSimulator
 from fabricwatch.models.topology import rail_optimised
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.fabric_faults import PfcStorm
 from fabricwatch.streams import state_store
 from fabricwatch.streams.pipeline import DetectionConfig, DetectionPipeline
 from fabricwatch.streams.state_store import MemoryStateLog, StateStore, dumps, fingerprint, loads

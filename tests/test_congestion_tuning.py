@@ -2,8 +2,6 @@
 import numpy as np
 import pytest
 
-from fabricwatch.collectors.faults import EcnAfterPause, Incast, LinkFlap, NicLosslessDrops, QueueDrops
-from fabricwatch.collectors.simulator import ClusterSimulator
 from fabricwatch.models import ecn_pfc_misorder as emo
 from fabricwatch.models import lossless_drop as ldm
 from fabricwatch.models.ecn_pfc_misorder import EcnPfcMisorderDetector
@@ -11,6 +9,8 @@ from fabricwatch.models.findings import OPEN, RESOLVED
 from fabricwatch.models.frames import FrameStack, SourceBatch
 from fabricwatch.models.lossless_drop import LosslessDropDetector
 from fabricwatch.models.topology import rail_optimised
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.fabric_faults import EcnAfterPause, Incast, LinkFlap, NicLosslessDrops, QueueDrops
 from fabricwatch.streams.pipeline import DetectionPipeline
 from fabricwatch.streams.replay import replay
 

@@ -2,8 +2,6 @@
 import numpy as np
 import pytest
 
-from fabricwatch.collectors.faults import EcmpPolarization, SwitchLinkDown
-from fabricwatch.collectors.simulator import _SC, ClusterSimulator
 from fabricwatch.evaluation.matching import match
 from fabricwatch.evaluation.runs import FABRICWATCH, run_scenario
 from fabricwatch.evaluation.scenarios import Scenario
@@ -13,6 +11,9 @@ from fabricwatch.models.ecmp_imbalance import (
 from fabricwatch.models.findings import OPEN, RESOLVED
 from fabricwatch.models.frames import EntityFrame, SourceView
 from fabricwatch.models.topology import rail_optimised
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.columns import _SC
+from fabricwatch.simulator.fabric_faults import EcmpPolarization, SwitchLinkDown
 
 TOPO = rail_optimised("c1", n_nodes=8, nodes_per_unit=4, n_spines=4)
 LEAF = "leaf-u0-r2"

@@ -4,7 +4,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fabricwatch.collectors.faults import GroundTruth
 from fabricwatch.evaluation.baselines import StaticRules
 from fabricwatch.evaluation.matching import CLOCK_TOLERANCE_NS, detection_from_event, entity_path, grace_ns, match
 from fabricwatch.evaluation.scenarios import FAULT_CLASSES, SuiteConfig, expected_case_counts
@@ -12,6 +11,7 @@ from fabricwatch.evaluation.suites import build_suites
 from fabricwatch.models.frames import EntityFrame, SourceView
 from fabricwatch.models.rates import RateTracker
 from fabricwatch.protos.v1 import events_pb2 as ev
+from fabricwatch.simulator.labels import GroundTruth
 
 S = 1_000_000_000
 T0 = 1_767_225_600 * S

@@ -13,12 +13,12 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from fabricwatch import fabric_report
-from fabricwatch.collectors.faults import PfcStorm
-from fabricwatch.collectors.simulator import ClusterSimulator
 from fabricwatch.models.fabric_summary import FabricSummary
 from fabricwatch.models.frames import FrameStack, SourceBatch
 from fabricwatch.models.topology import rail_optimised
 from fabricwatch.protos.v1 import events_pb2 as ev
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.fabric_faults import PfcStorm
 from fabricwatch.streams import topics
 from fabricwatch.streams.decode import pack
 from fabricwatch.streams.recording import RecordingWriter

@@ -25,14 +25,16 @@ from aiokafka import AIOKafkaConsumer
 from helpers import (FAST_GROUP_ENV, Process, RecordingSink, Worker, free_port, gateway_and_sender, nic_snapshot,
                      read_topic, running, telemetry_value, wait_caught_up)
 
-from fabricwatch.collectors.faults import PfcStorm, Straggler
 from fabricwatch.collectors.sender import GatewaySender, SenderConfig
-from fabricwatch.collectors.simulator import ClusterSimulator, Job
 from fabricwatch.localkafka import LocalKafka
 from fabricwatch.models.topology import rail_optimised
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import records_pb2 as rec
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.fabric_faults import PfcStorm
+from fabricwatch.simulator.host_faults import Straggler
+from fabricwatch.simulator.workload import Job
 from fabricwatch.streams import topics
 from fabricwatch.streams.events import to_event
 from fabricwatch.streams.pipeline import DetectionPipeline

@@ -12,9 +12,9 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fabricwatch.collectors.simulator import GPU_COUNTERS, NIC_COUNTERS
 from fabricwatch.counters import GPU_GAUGES, NIC_GAUGES
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
+from fabricwatch.simulator.columns import GPU_COUNTERS, NIC_COUNTERS
 from fabricwatch.streams.handlers import StageHandlers
 from fabricwatch.streams.pipeline import DetectionPipeline
 from fabricwatch.streams.replay import read_snapshots

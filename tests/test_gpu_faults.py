@@ -7,12 +7,12 @@ import math
 import pytest
 
 from fabricwatch import xid
-from fabricwatch.collectors.faults import XID_TEXT, ApplicationXid, GpuXid, XidCascade
-from fabricwatch.collectors.simulator import ClusterSimulator
 from fabricwatch.models.findings import CRITICAL, OPEN, RESOLVED, UPDATE, WARNING
 from fabricwatch.models.frames import DeviceEvent, SourceBatch, SourceView
 from fabricwatch.models.gpu_faults import APP_EVIDENCE_S, CASCADE_WINDOW_S, PENDING_S, GpuFaultDetector
 from fabricwatch.models.topology import rail_optimised
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.host_faults import XID_TEXT, ApplicationXid, GpuXid, XidCascade
 from fabricwatch.streams.pipeline import DetectionPipeline
 from fabricwatch.streams.replay import replay
 

@@ -149,8 +149,10 @@ def test_placement_facts_carry_the_job_size():
 
 
 def test_the_pipeline_prices_a_straggler_from_its_ranks():
-    from fabricwatch.collectors.faults import Straggler
-    from fabricwatch.collectors.simulator import COLLECTOR_CADENCE, ClusterSimulator, Job
+    from fabricwatch.simulator.host_faults import Straggler
+    from fabricwatch.simulator.cluster import ClusterSimulator
+    from fabricwatch.simulator.workload import Job
+    from fabricwatch.simulator.encoding import COLLECTOR_CADENCE
     from fabricwatch.streams.pipeline import DetectionPipeline
     from fabricwatch.streams.replay import replay
 
@@ -250,7 +252,7 @@ def test_rank_metrics():
 
 
 def test_truth_is_what_the_job_did_not_progress():
-    from fabricwatch.collectors.faults import GroundTruth
+    from fabricwatch.simulator.labels import GroundTruth
     from fabricwatch.evaluation.impact import TAIL_S, truth_gpu_hours
 
     # one step a second, except no progress at all from 100 s to 200 s (a stall)

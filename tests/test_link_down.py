@@ -4,12 +4,13 @@ import math
 import numpy as np
 import pytest
 
-from fabricwatch.collectors.faults import AdminToggle, LinkDown, LinkFlap, NicAdminDown, NodeReboot, SwitchLinkDown
-from fabricwatch.collectors.simulator import ClusterSimulator
 from fabricwatch.models.findings import CRITICAL, OPEN, RESOLVED, UPDATE, WARNING
 from fabricwatch.models.frames import EntityFrame, SourceBatch, SourceView
 from fabricwatch.models.link_down import LINK_DOWN_HOLD_S, LinkDownDetector
 from fabricwatch.models.topology import rail_optimised
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.fabric_faults import AdminToggle, LinkDown, LinkFlap, NicAdminDown, SwitchLinkDown
+from fabricwatch.simulator.host_faults import NodeReboot
 from fabricwatch.streams.pipeline import DetectionPipeline
 
 UP, DOWN = "4: ACTIVE", "1: DOWN"
@@ -252,7 +253,7 @@ def test_healthy_links_correct_codewords_and_lose_none():
 
 
 def test_at_the_collectors_real_cadence_pfc_only_ticks_change_nothing():
-    from fabricwatch.collectors.simulator import COLLECTOR_CADENCE
+    from fabricwatch.simulator.encoding import COLLECTOR_CADENCE
     topo = rail_optimised("c1", n_nodes=4, nodes_per_unit=4, n_spines=2)
     sim = ClusterSimulator(topo, seed=3, cadence=COLLECTOR_CADENCE,
                            faults=[LinkDown("node-0002", "mlx5_5/1", onset_s=10.55, offset_s=60.55)])

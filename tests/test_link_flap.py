@@ -1,7 +1,8 @@
 """Link flaps through the pipeline on simulated telemetry: flaps yes, outages and admin toggles no."""
-from fabricwatch.collectors.faults import AdminToggle, LinkFlap, NodeReboot
-from fabricwatch.collectors.simulator import ClusterSimulator
 from fabricwatch.models.topology import rail_optimised
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.fabric_faults import AdminToggle, LinkFlap
+from fabricwatch.simulator.host_faults import NodeReboot
 from fabricwatch.streams.pipeline import DetectionPipeline
 
 

@@ -1,7 +1,6 @@
 """pfc_deadlock: a loop of switches pausing each other that persists; storms and transients stay silent."""
 import pytest
 
-from fabricwatch.collectors.faults import PfcDeadlock, PfcStorm
 from fabricwatch.evaluation.matching import match
 from fabricwatch.evaluation.runs import FABRICWATCH, run_scenario
 from fabricwatch.evaluation.scenarios import Scenario
@@ -10,6 +9,7 @@ from fabricwatch.models.pfc_deadlock import DEADLOCK_HOLD_MS, PfcDeadlockDetecto
 from fabricwatch.models.pfc_storm import PauseStateChange
 from fabricwatch.models.storm_locator import SourceProgress, StormLocator
 from fabricwatch.models.topology import rail_optimised
+from fabricwatch.simulator.fabric_faults import PfcDeadlock, PfcStorm
 from fabricwatch.streams.pipeline import DetectionPipeline
 from fabricwatch.streams.storm_stage import StormStage
 
@@ -168,7 +168,7 @@ def test_simulated_deadlock_is_found_and_a_transient_cycle_and_a_storm_are_not()
 def test_through_the_worker_handlers_and_the_wire_codec_over_three_telemetry_partitions():
     """Stage 1 on three telemetry partitions (`StageHandlers`), the pause-states records as JSON, the storm
     stage that reads the cluster's pause-states partition: the loop is found once, on the partitions' watermark."""
-    from fabricwatch.collectors.simulator import ClusterSimulator
+    from fabricwatch.simulator.cluster import ClusterSimulator
     from fabricwatch.streams.codec import pause_change_from_json
     from fabricwatch.streams.config import DetectionConfig
     from fabricwatch.streams.decode import pack

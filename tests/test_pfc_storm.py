@@ -8,8 +8,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from fabricwatch.collectors.faults import AdminToggle, NodeReboot, PfcStorm, PinnedCounter, SwitchPfcStorm
-from fabricwatch.collectors.simulator import ClusterSimulator, Job
 from fabricwatch.models.findings import OPEN, RESOLVED, UPDATE, EntityRef, Evidence
 from fabricwatch.models.frames import NIC_PORT, SWITCH_PORT, EntityFrame, SourceView
 from fabricwatch.models.pfc_storm import PAUSED, PAUSING, PauseStateChange, PfcWatchdog
@@ -17,6 +15,10 @@ from fabricwatch.models.rates import RateTracker
 from fabricwatch.models.storm_locator import (ORPHAN_GRACE_MS, SILENT_SOURCE_CONFIDENCE, SWITCH_SOURCE_CONFIDENCE,
                                               StormLocator)
 from fabricwatch.models.topology import rail_optimised
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.fabric_faults import AdminToggle, PfcStorm, PinnedCounter, SwitchPfcStorm
+from fabricwatch.simulator.host_faults import NodeReboot
+from fabricwatch.simulator.workload import Job
 from fabricwatch.streams.decode import to_view
 
 MS = 1_000_000
@@ -641,7 +643,7 @@ def _pipeline_storms(faults, seconds, **sim_kw):
     """OPEN pfc_storm entity paths from the worker's batched path (`replay` through the
     `DetectionPipeline`: screened stacks, grouped rates) at the collectors' real cadence
     (PFC-only node ticks every 100 ms, full snapshots and switches every second)."""
-    from fabricwatch.collectors.simulator import COLLECTOR_CADENCE
+    from fabricwatch.simulator.encoding import COLLECTOR_CADENCE
     from fabricwatch.protos.v1 import events_pb2 as evpb
     from fabricwatch.streams.pipeline import DetectionPipeline
     from fabricwatch.streams.replay import replay

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 
-from fabricwatch.collectors.faults import PfcStorm
-from fabricwatch.collectors.simulator import ClusterSimulator
 from fabricwatch.models.node_health import HealthBook
 from fabricwatch.models.nominal import NominalRates
 from fabricwatch.models.topology import rail_optimised
 from fabricwatch.protos.v1 import events_pb2 as ev
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.fabric_faults import PfcStorm
 from fabricwatch.streams import topics
 from fabricwatch.streams.config import DetectionConfig
 from fabricwatch.streams.coverage import PROCESS, SKIP, Coverage, Gap

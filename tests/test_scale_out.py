@@ -28,13 +28,16 @@ import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from helpers import FAST_GROUP_ENV, Worker, wait_caught_up
 
-from fabricwatch.collectors.faults import GpuXid, LinkDowngrade, LinkFlap, PfcStorm, Straggler
 from fabricwatch.collectors.run_simulated import Linger
-from fabricwatch.collectors.simulator import COLLECTOR_CADENCE, ClusterSimulator, Job
 from fabricwatch.models.topology import rail_optimised
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import records_pb2 as rec
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.encoding import COLLECTOR_CADENCE
+from fabricwatch.simulator.fabric_faults import LinkDowngrade, LinkFlap, PfcStorm
+from fabricwatch.simulator.host_faults import GpuXid, Straggler
+from fabricwatch.simulator.workload import Job
 from fabricwatch.streams import topics
 from fabricwatch.streams.decode import rank_steps_of, to_batch
 from fabricwatch.streams.events import to_event

@@ -8,18 +8,17 @@ from collections import defaultdict
 import pytest
 from helpers import entity_rows
 
-from fabricwatch.collectors.faults import (
-    AdminToggle, ClockSkew, EccUncorrectable, GpuXid, GroundTruth, LinkDowngrade, LinkFlap, NodeReboot,
-    PfcStorm, Straggler,
-)
-from fabricwatch.collectors.simulator import (
-    GPU_COUNTERS, NIC_COUNTERS, SWITCH_COUNTERS, SWITCH_PORT_GAUGES, ClusterSimulator, Job, auto_jobs,
-    demo_scenario,
-)
 from fabricwatch.counters import GPU_GAUGES, NIC_GAUGES, Overflow, spec_for
 from fabricwatch.models.linkrate import parse_ib_rate
 from fabricwatch.models.topology import rail_optimised
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.columns import GPU_COUNTERS, NIC_COUNTERS, SWITCH_COUNTERS, SWITCH_PORT_GAUGES
+from fabricwatch.simulator.demo import demo_scenario
+from fabricwatch.simulator.fabric_faults import AdminToggle, LinkDowngrade, LinkFlap, PfcStorm
+from fabricwatch.simulator.host_faults import ClockSkew, EccUncorrectable, GpuXid, NodeReboot, Straggler
+from fabricwatch.simulator.labels import GroundTruth
+from fabricwatch.simulator.workload import Job, auto_jobs
 
 START = 1_800_000_000_000_000_000
 

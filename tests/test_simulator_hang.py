@@ -5,15 +5,15 @@ from collections import defaultdict
 
 import pytest
 
-from fabricwatch.collectors.faults import (
-    HANG_LABEL_MIN_S, HANG_ROOTS, AdminToggle, CheckpointStall, GpuXid, JobPause, LinkDown, LongStep, RankLost,
-    RankStuck,
-)
-from fabricwatch.collectors.simulator import ClusterSimulator, Job
 from fabricwatch.models import hang, node_health
 from fabricwatch.models.topology import rail_optimised
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.rank import HEARTBEAT_INTERVAL_S
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.fabric_faults import AdminToggle, LinkDown
+from fabricwatch.simulator.host_faults import CheckpointStall, GpuXid, JobPause, LongStep, RankLost, RankStuck
+from fabricwatch.simulator.labels import HANG_LABEL_MIN_S, HANG_ROOTS
+from fabricwatch.simulator.workload import Job
 from fabricwatch.streams import topics
 from fabricwatch.streams.decode import rank_progress_of
 from fabricwatch.streams.gateway import split_records
@@ -231,7 +231,7 @@ def test_the_pipeline_names_the_stuck_rank_and_stays_silent_on_the_paused_job():
 
 
 def test_a_hang_held_up_by_two_ranks_matches_either():
-    from fabricwatch.collectors.faults import GroundTruth
+    from fabricwatch.simulator.labels import GroundTruth
     from fabricwatch.evaluation.matching import Detection, match
 
     gt = GroundTruth("hang", "job/j/rank/3", 10, None, victims=("job/j",),

@@ -10,8 +10,6 @@ import random
 import pytest
 from helpers import nic_snapshot
 
-from fabricwatch.collectors.faults import PfcStorm
-from fabricwatch.collectors.simulator import ClusterSimulator, Job
 from fabricwatch.models.findings import OPEN, EntityRef, Evidence
 from fabricwatch.models.pfc_storm import PAUSED, PAUSING, PauseStateChange
 from fabricwatch.models.storm_locator import (
@@ -28,6 +26,9 @@ from fabricwatch.models.storm_locator import (
 from fabricwatch.models.topology import rail_optimised
 from fabricwatch.models.watermark import BUCKET_MS as WATERMARK_BUCKET_MS
 from fabricwatch.models.watermark import LowWatermark as _LowWatermark
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.fabric_faults import PfcStorm
+from fabricwatch.simulator.workload import Job
 from fabricwatch.streams import source_stage
 from fabricwatch.streams.config import DetectionConfig
 from fabricwatch.streams.decode import snapshot_batch

@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from fabricwatch.collectors.faults import EccUncorrectable, GpuXid, Straggler
-from fabricwatch.collectors.simulator import ClusterSimulator, Job, auto_jobs
 from fabricwatch.models.findings import CRITICAL, INFO, OPEN, RESOLVED, WARNING, EntityRef, Finding
 from fabricwatch.models.frames import RankStep
 from fabricwatch.models.node_health import (
@@ -24,6 +22,9 @@ from fabricwatch.models.node_health import (
 )
 from fabricwatch.models.straggler import StragglerDetector
 from fabricwatch.models.topology import rail_optimised
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.host_faults import EccUncorrectable, GpuXid, Straggler
+from fabricwatch.simulator.workload import Job, auto_jobs
 from fabricwatch.streams.config import DetectionConfig
 from fabricwatch.streams.decode import to_view
 from fabricwatch.streams.facts import FactBook, Progress
@@ -483,7 +484,7 @@ def test_a_jobs_placement_goes_out_when_its_nodes_change_at_most_every_few_secon
 def test_compute_straggler_without_a_gpu_cause_gets_its_nics_hardware_state():
     # a rank whose own busy time is slow (its transfers counted as its work) and whose NIC
     # trains at 200G: not "no local cause", the NIC downgrade
-    from fabricwatch.collectors.faults import LinkDowngrade
+    from fabricwatch.simulator.fabric_faults import LinkDowngrade
     run = drive([Straggler("node-0005", 1, onset_s=30.0, cause="none", factor=1.4),
                  LinkDowngrade("node-0005", "mlx5_1/1", onset_s=25.0)], seconds=50)
     opened = run.opened()

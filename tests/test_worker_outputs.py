@@ -7,10 +7,11 @@ record and partition. The storm answers are those of the record-by-record path.
 """
 from __future__ import annotations
 
-from fabricwatch.collectors.faults import PfcStorm
-from fabricwatch.collectors.simulator import ClusterSimulator, Job
 from fabricwatch.models.storm_locator import SourceProgress
 from fabricwatch.models.topology import rail_optimised
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.fabric_faults import PfcStorm
+from fabricwatch.simulator.workload import Job
 from fabricwatch.streams.codec import pause_change_from_json
 from fabricwatch.streams.config import DetectionConfig
 from fabricwatch.streams.decode import pack

@@ -12,16 +12,16 @@ import math
 
 import numpy as np
 
-from fabricwatch.collectors.faults import (
-    INF, AdminToggle, EccUncorrectable, Fault, GpuPcieDowngrade, GpuXid,
-    LinkDowngrade, LinkFlap, NicPcieDowngrade, PfcStorm, Straggler,
-    LinkDown, NicAdminDown, SwitchLinkDown,
-)
-from fabricwatch.collectors.faults import ApplicationXid, PinnedCounter, SwitchPfcStorm, XidCascade
-from fabricwatch.collectors.faults import EcmpPolarization, PfcDeadlock
-from fabricwatch.collectors.faults import EcnAfterPause, Incast, NicLosslessDrops, QueueDrops
-from fabricwatch.collectors.faults import CheckpointStall, JobPause, LongStep, RankLost, RankStuck
-from fabricwatch.collectors.simulator import Job, auto_jobs
+from fabricwatch.simulator.cluster import Fault
+from fabricwatch.simulator.fabric_faults import AdminToggle, LinkDowngrade, LinkFlap, NicPcieDowngrade, PfcStorm, LinkDown, NicAdminDown, SwitchLinkDown
+from fabricwatch.simulator.host_faults import EccUncorrectable, GpuPcieDowngrade, GpuXid, Straggler
+from fabricwatch.simulator.timeline import INF
+from fabricwatch.simulator.fabric_faults import PinnedCounter, SwitchPfcStorm
+from fabricwatch.simulator.host_faults import ApplicationXid, XidCascade
+from fabricwatch.simulator.fabric_faults import EcmpPolarization, PfcDeadlock
+from fabricwatch.simulator.fabric_faults import EcnAfterPause, Incast, NicLosslessDrops, QueueDrops
+from fabricwatch.simulator.host_faults import CheckpointStall, JobPause, LongStep, RankLost, RankStuck
+from fabricwatch.simulator.workload import Job, auto_jobs
 from fabricwatch.models.topology import Topology
 
 from .scenarios import (APP_XID_CODES, CASCADE_FRACTION, DOWNGRADE_RATES, GPUS, STRAGGLER_CAUSES, XID_CODES, Scenario,

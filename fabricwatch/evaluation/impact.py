@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from fabricwatch.collectors.faults import GroundTruth
+from fabricwatch.simulator.labels import GroundTruth
 
 # After a fault clears, a stalled job restarts from its checkpoint: count this much more.
 TAIL_S = 60.0

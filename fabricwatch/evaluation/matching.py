@@ -26,7 +26,7 @@ Rules (one scenario, one detector at a time; only OPEN events count as alarms):
   clock skew, application XIDs of a user bug) are never TPs, so whatever opens on them is a FP; `Match.fp_reason` says why.
 * **FN**: an ``expect_alert`` fault with no TP.
 
->>> from fabricwatch.collectors.faults import GroundTruth
+>>> from fabricwatch.simulator.labels import GroundTruth
 >>> from fabricwatch.protos.v1 import events_pb2 as ev
 >>> gt = GroundTruth("link_downgrade", "node-0002/mlx5_3/1", 10_000_000_000, None,
 ...                  related=("leaf-u0-r3/Ethernet1",))
@@ -46,8 +46,8 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from fabricwatch.collectors.faults import GroundTruth
 from fabricwatch.protos.v1 import events_pb2 as ev
+from fabricwatch.simulator.labels import GroundTruth
 from fabricwatch.xid import UNCORRECTABLE_ECC_XIDS
 
 from .scenarios import fault_class

@@ -12,8 +12,9 @@ import math
 
 import numpy as np
 
-from fabricwatch.collectors.faults import AdminToggle, ClockSkew, NodeReboot, PfcStorm
-from fabricwatch.collectors.faults import PinnedCounter, SwitchPfcStorm
+from fabricwatch.simulator.fabric_faults import AdminToggle, PfcStorm
+from fabricwatch.simulator.host_faults import ClockSkew, NodeReboot
+from fabricwatch.simulator.fabric_faults import PinnedCounter, SwitchPfcStorm
 from fabricwatch.models.topology import Topology
 
 from .fault_scenarios import STORM_NODES, _app_xid, _storm_cluster

@@ -243,7 +243,7 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
         f"static rules {cpu[STATIC]:.0f}, river HST {cpu[HST]:.0f}.")
     add("* Event kinds fabricwatch emitted (OPEN): "
         + (", ".join(f"`{k}` {v}" for k, v in sorted(kinds_seen.items())) or "none") + ".")
-    add("* Data: the simulator (`collectors/simulator.py`), noisy healthy behaviour plus injected faults; every "
+    add("* Data: the simulator (`simulator/`), noisy healthy behaviour plus injected faults; every "
         "number below is on simulated telemetry, not on a real cluster.")
     add("")
     add("## Targets (fabricwatch)")
@@ -438,7 +438,7 @@ def _notes(runs, scores: Scores, cfg: SuiteConfig, kinds_seen: Counter, detector
         notes.append("fabricwatch emitted no " + " / ".join(f"`{k}`" for k in missing) + " event in this run: "
                      "those classes score recall 0 until the detector is wired into `DetectionPipeline`.")
     notes.append("Everything here is simulated: the fault signatures are the simulator's model of them "
-                 "(`collectors/faults.py`), so these numbers bound how well the detectors read that model, not a "
+                 "(`simulator/fabric_faults.py`, `simulator/host_faults.py`), so these numbers bound how well the detectors read that model, not a "
                  "production cluster. Real telemetry adds missing counters, vendor quirks and faults the simulator "
                  "does not model.")
     nh = scores.healthy_node_hours

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from fabricwatch.collectors.faults import GroundTruth
+from fabricwatch.simulator.labels import GroundTruth
 from fabricwatch.models.rates import RateTracker
 from fabricwatch.streams.decode import to_view
 from fabricwatch.streams.events import to_event

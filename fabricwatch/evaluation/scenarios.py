@@ -2,7 +2,7 @@
 
 A `Scenario` is everything needed to regenerate one labelled telemetry run: the fabric
 size, the sampling interval, the duration, the seed and the injected faults (times in
-seconds after the simulator start, as `fabricwatch.collectors.faults` defines them). The
+seconds after the simulator start, as `fabricwatch.simulator` defines them). The
 simulator reports each fault as a `GroundTruth` record (source entity, victims, onset,
 offset, ``expect_alert``), which `matching` scores detector output against.
 
@@ -17,10 +17,15 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 
-from fabricwatch.collectors.faults import INF, STORM_DETECTION_TIME_S, GpuXid, LinkDowngrade, PfcStorm, Straggler
-from fabricwatch.collectors.faults import ApplicationXid, XidCascade
-from fabricwatch.collectors.faults import EcmpPolarization, PfcDeadlock
-from fabricwatch.collectors.simulator import DEFAULT_START_UNIX_NS, Cadence, ClusterSimulator, Job, auto_jobs
+from fabricwatch.simulator.fabric_faults import STORM_DETECTION_TIME_S, LinkDowngrade, PfcStorm
+from fabricwatch.simulator.host_faults import GpuXid, Straggler
+from fabricwatch.simulator.timeline import INF
+from fabricwatch.simulator.host_faults import ApplicationXid, XidCascade
+from fabricwatch.simulator.fabric_faults import EcmpPolarization, PfcDeadlock
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.encoding import Cadence
+from fabricwatch.simulator.timeline import DEFAULT_START_UNIX_NS
+from fabricwatch.simulator.workload import Job, auto_jobs
 from fabricwatch.models.topology import Topology, rail_optimised
 
 __all__ = ["Scenario", "SuiteConfig", "expected_case_counts", "fault_class", "T_DETECT_S", "FAULT_CLASSES"]

@@ -78,8 +78,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from fabricwatch.collectors.faults import LinkDowngrade, PfcStorm
-from fabricwatch.collectors.faults import ApplicationXid, XidCascade
+from fabricwatch.simulator.fabric_faults import LinkDowngrade, PfcStorm
+from fabricwatch.simulator.host_faults import ApplicationXid, XidCascade
 
 from .fault_scenarios import (STORM_NODES, _congestion, _deadlock, _ecmp, _fault_mix, _hang, _link_down, _storm_cluster,
                               _storm_long, _storm_multi, _storm_pair, _stragglers)
