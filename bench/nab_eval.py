@@ -71,7 +71,11 @@ divided by the rows, in one process; the machine is shared with other jobs, whic
 inflates CPU time too (cache, SMT), so expect ±30 %. Measured once separately on an idle
 machine (one core of an Intel Xeon, numpy 2.5), the same score-then-learn loop costs
 NoveltyAlarm 41 µs/sample on a synthetic 20k-sample stream (before the soft refractory
-period, which adds one comparison per sample). {hst_note}
+period, which adds one comparison per sample, and the quietness test of step 5). Step 5
+costs about 10 % more CPU than the setting before it: 16.7 against 15.1 µs/sample,
+interleaved in one process on a synthetic 20k-sample stream on this machine while idle
+(the 27 µs/sample that the previous table showed was measured while it was busier).
+{hst_note}
 
 Published scores of other NAB entries, for context (same scorer, standard / low FP / low FN):
 {published}
@@ -128,6 +132,35 @@ in-sample. How it went:
    slow test on differences) or two (the 3-sample test: rogue_agent_key_updown and
    Twitter_volume_UPS, at every margin) for 25-50 % more CPU: that is tuning on one or
    two files, so they were left out.
+5. Issue 14 item 7, on raw per-file test scores cached once (the post-processing then
+   replayed exactly: 72.87 reproduced) and confirmed end to end here. Two changes kept:
+   72.9 -> 75.2 standard (68.5 -> 69.7 low FP, 76.2 -> 78.8 low FN), 96 -> 100
+   windows detected, 93 -> 116 false alarms:
+   * a fourth test, *quietness* (the last 48 values vary less, by standard deviation,
+     than any 48 of the last 3000 samples did, by 1.4x), which sees a stream that goes
+     still inside its range: +0.6 on its own (TravelTime_451's anomaly, 5 more false
+     alarms). A flat stretch is closer to every older window than they are to each
+     other, so no shape test can see it. Its neighbours (alone, with the old slow test):
+     windows 36 / 48 / 72 and margins 1.2-1.4 and horizons 1500-6000 scored 72.9-73.8;
+     with the new slow test, margin 1.2 / 1.25-1.5 scored 74.9 / 75.2, window 36 / 72
+     75.1-75.5 / 74.9-75.1, horizon 1500 / 6000 74.7 / 75.2. The opposite test (a
+     stretch more variable than any before) scored 71.2-72.9 and was left out.
+   * the slow shape test scores the distance to the *one* nearest older slow window
+     (was the sum over 5) at 1.3x its record (was 1.5x): a day-long pattern that
+     happened once before is then familiar, one that never happened is novel: +1.7 on
+     its own (three more windows: nyc_taxi's last holiday, one each in
+     Twitter_volume_AMZN and _GOOG; 18 more false alarms). This is the spikiest part
+     of the setting: margins 1.2 / 1.3 / 1.4 / 1.5 scored 74.4 / 75.2 / 75.0 / 73.6
+     (with quietness), 2 or 3 neighbours at 1.3 scored 74.4 / 72.8, slow windows of
+     30 / 45 blocks 73.9 / 74.2.
+   Tried in the same round and not kept (standard, with both changes unless said): a
+   third slow test on means of 16-48 samples, 72.7-74.5 on the old setting and up to
+   +1.0 on the new one, each time from one window (nyc_taxi's or, on the new setting,
+   Twitter_volume_AMZN's last); the shape record against two horizons (3000 and
+   6000-30000 samples), 73.7-75.4, +0.2 at best (a few false alarms fewer); the soft
+   refractory period over 450 / 600 samples, 75.4 / 74.2 (kept 300); warm-up 100 /
+   200, escalation 1.5 / 3, refractory 20 / 45, range tolerance 0.012 / 0.02 and shape
+   margin 0.95 / 1.05 scored 75.2 / 75.0, 75.2, 75.2, 74.2 / 75.2 and 73.9 / 73.9.
 
 The detector does not use what NAB allows but a live stream does not have: the file
 length (NAB's probationary period, which HTM, KNN CAD and CAD OSE use to size their
@@ -148,7 +181,7 @@ per category:
   time, so the range test is damped early and the shape records are still high. The
   rest stay inside the range already seen with a familiar local shape: a level that
   drifts within its old range (rds_cpu_utilization_cc0c53, ec2_cpu_utilization_24ae8d
-  and fe7f93), quieter periods of the tweet volumes, nyc_taxi's last holiday.
+  and fe7f93), quieter periods of the tweet volumes (AMZN, UPS).
 * **Timing.** NAB credits a detection by how early it comes in a window; the median
   first alarm sits at {median_at:.2f} of the window, i.e. at the labelled anomaly
   (windows are centred on it), worth about 0.85 of an early detection. Nothing here
@@ -165,11 +198,13 @@ per category:
   not how likely it is to be a true one, so a higher threshold loses detections as
   fast as false alarms. Serving reward_low_FP_rate better takes other parameters
   (fewer alarms), not another threshold.
-* **Against ARTime (74.9).** Below it. ARTime, HTM and CAD OSE scale their input with
-  the file's min/max and size their windows with the file length, which a live stream
-  does not have; this detector does neither. Every structural change tried here (step
-  4) that detects more windows brings more chance records than it is worth: the missed
-  windows score 0.03-0.9 of the alarm level, inside a range and a shape already seen.
+* **Against ARTime (74.9).** {vs_artime}
+  ARTime, HTM and CAD OSE scale their input with the file's min/max and size their
+  windows with the file length, which a live stream does not have; this detector does
+  neither. The margin is a few windows: the last change (step 5) gained four, in four
+  files, and its slow-test margin is tuned to them; most structural changes tried
+  (steps 4 and 5) that detect more windows bring more chance records than they are
+  worth.
 * **In-sample.** The parameters were chosen on these 58 files; the score on data they
   were not chosen on will be lower.
 """
@@ -370,6 +405,8 @@ def main(argv=None) -> int:
                   + ", ".join(hst_per_seed) + ").") if hst_per_seed
         else "HST skipped (--hst-seeds 0).",
         thresholds=" / ".join(f"{t:.3f}" for t in our_thresholds),
+        vs_artime=(f"Above it by {ours['standard']['normalized'] - 74.9:.1f} on the standard profile, in-sample."
+                   if ours["standard"]["normalized"] >= 74.95 else "Below it on the standard profile."),
         published=published.rstrip(";") + ".",
         command=cmd,
         machine=machine(),

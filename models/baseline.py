@@ -4,7 +4,7 @@
 InfiniBand, it only asks, per feature, "has this stream ever looked like this?". It is
 measured on the Numenta Anomaly Benchmark (see ``bench/nab_eval.py`` and ``docs/nab.md``).
 
-Three novelty tests run side by side on every feature; each one is calibrated against
+Four novelty tests run side by side on every feature; each one is calibrated against
 the stream's own history, so a single set of parameters works across streams of
 different scale and noise:
 
@@ -19,9 +19,14 @@ different scale and noise:
 * **slow shape** -- the same test on means of ``coarse_block`` samples, over a span of
   ``coarse_block * coarse_window`` samples (a day at 5-minute sampling with the
   defaults), which catches a missing or deformed daily pattern that stays inside
-  the normal range.
+  the normal range; its score is the distance to the one nearest older slow window;
+* **quietness** -- the last ``quiet_window`` values vary less (standard deviation) than
+  any ``quiet_window`` values of the last ``calibration`` samples did, by
+  ``quiet_margin``: a stuck sensor, a source of load or noise that went away, which
+  none of the other tests sees (a flat stretch is inside the range and closer to every
+  older window than they are to each other).
 
-The three ratios are combined with ``max`` and mapped to ``[0, 1)`` so that the
+The four ratios are combined with ``max`` and mapped to ``[0, 1)`` so that the
 alarm level of every test is exactly 0.5. After an alarm a feature is silent for
 ``refractory`` samples (NAB, like an operator, wants one alarm per episode, not a
 burst) unless something ``escalation`` times more novel comes along. Novelty comes in
@@ -30,7 +35,7 @@ alarm level of the feature is raised to ``(recovery / age) ** recovery_exponent`
 decays back to 1 over ``recovery`` samples, so a second record soon after the first
 needs more to be reported than the first did (a soft refractory period).
 
-The defaults were tuned globally on NAB (see ``docs/nab.md``): standard score ~73. They
+The defaults were tuned globally on NAB (see ``docs/nab.md``): standard score ~75. They
 are the one setting of the detector: the worker builds it with them
 (``models/unknown.py``, ``novelty_model``) and ``bench/nab_eval.py`` scores that factory.
 """
@@ -56,6 +61,10 @@ _CAL_BLOCKS = 32
 # short history, new extremes are common by chance (about 2/n per sample for noise).
 _RANGE_SETTLING = 300.0
 _BELOW_ONE = 1.0 - 1e-9
+# Added, times (|mean| + 1e-3), to a standard deviation before it is inverted: a flat
+# stretch has a finite quietness, and a deviation within rounding of the level counts as flat.
+_QUIET_FLOOR = 1e-9
+_QUIET_REFRESH = 1024
 
 # Soft refractory period after a novelty event: the alarm level is (recovery / age) ** exponent
 # for age < recovery samples. Chosen on NAB (docs/nab.md): 300 samples (one reference span
@@ -63,6 +72,12 @@ _BELOW_ONE = 1.0 - 1e-9
 # samples after an event, ~1.2x after 150); 150-600 and 0.15-0.25 all scored within 1.
 RECOVERY_SAMPLES = 300
 RECOVERY_EXPONENT = 0.25
+
+# Quietness test: the last QUIET_WINDOW values vary less (standard deviation) than any
+# QUIET_WINDOW values of the calibration horizon did, by QUIET_MARGIN. Chosen on NAB
+# (docs/nab.md): 36-72 values and margins 1.25-1.5 all scored within 0.6.
+QUIET_WINDOW = 48
+QUIET_MARGIN = 1.4
 
 _local = threading.local()
 
@@ -79,7 +94,46 @@ def _scratch(rows, cols):
     return b
 
 
-class _ShapeNovelty:
+class _Record:
+    """A record test: the ratio of a score to the largest score seen over the last
+    ``horizon`` samples (kept as the maxima of about `_CAL_BLOCKS` blocks of scores:
+    memory O(1), horizon exact to within one block); 0 until ``min_calibration`` scores
+    were recorded."""
+
+    def __init__(self, horizon, min_calibration):
+        self.min_calibration = min_calibration
+        self.cal_block = max(1, horizon // _CAL_BLOCKS)
+        self.cal_blocks = deque(maxlen=-(-horizon // self.cal_block))
+        self.cal_top = 0.0  # max of the completed blocks
+        self.cal_block_max = 0.0
+        self.cal_block_len = 0
+        self.cal_count = 0
+
+    def ratio(self, score):
+        """score / (largest score over the horizon); 0 while calibration is too short."""
+        if score is None or self.cal_count < self.min_calibration:
+            return 0.0
+        top = self.cal_top
+        if self.cal_block_len and self.cal_block_max > top:
+            top = self.cal_block_max
+        if top > 0.0:
+            # Equalling the record is not a new record: exactly periodic signals tie
+            # with it once per period.
+            return score / top if score > top else min(score / top, _BELOW_ONE)
+        return math.inf if score > 0.0 else 0.0
+
+    def record(self, score):
+        self.cal_count += 1
+        if not self.cal_block_len or score > self.cal_block_max:
+            self.cal_block_max = score
+        self.cal_block_len += 1
+        if self.cal_block_len == self.cal_block:
+            self.cal_blocks.append(self.cal_block_max)  # drops the oldest block
+            self.cal_top = max(self.cal_blocks)
+            self.cal_block_len = 0
+
+
+class _ShapeNovelty(_Record):
     """KNN non-conformity of the newest window against older windows, as a ratio to
     the largest non-conformity seen over the calibration horizon.
 
@@ -93,16 +147,10 @@ class _ShapeNovelty:
         self.k = k
         self.reference = reference
         self.gap = gap
-        self.min_calibration = min_calibration
         self.size = reference + gap + window - 1
         self.ring = np.zeros(2 * self.size, dtype)
         self.count = 0  # values stored so far
-        self.cal_block = max(1, horizon // _CAL_BLOCKS)
-        self.cal_blocks = deque(maxlen=-(-horizon // self.cal_block))
-        self.cal_top = 0.0  # max of the completed blocks
-        self.cal_block_max = 0.0
-        self.cal_block_len = 0
-        self.cal_count = 0
+        super().__init__(horizon, min_calibration)
         self._view = None
 
     def __getstate__(self):
@@ -137,39 +185,70 @@ class _ShapeNovelty:
             dist[:m].partition(k - 1)
         return float(dist[:k].sum())
 
-    def ratio(self, ncm):
-        """ncm / (largest ncm over the horizon); 0 while calibration is too short."""
-        if ncm is None or self.cal_count < self.min_calibration:
-            return 0.0
-        top = self.cal_top
-        if self.cal_block_len and self.cal_block_max > top:
-            top = self.cal_block_max
-        if top > 0.0:
-            # Equalling the record is not a new record: exactly periodic signals tie
-            # with it once per period.
-            return ncm / top if ncm > top else min(ncm / top, _BELOW_ONE)
-        return math.inf if ncm > 0.0 else 0.0
-
     def learn(self, x, ncm):
         i = self.count % self.size
         self.ring[i] = x
         self.ring[i + self.size] = x
         self.count += 1
         if ncm is not None:
-            self.cal_count += 1
-            if not self.cal_block_len or ncm > self.cal_block_max:
-                self.cal_block_max = ncm
-            self.cal_block_len += 1
-            if self.cal_block_len == self.cal_block:
-                self.cal_blocks.append(self.cal_block_max)  # drops the oldest block
-                self.cal_top = max(self.cal_blocks)
-                self.cal_block_len = 0
+            self.record(ncm)
+
+
+class _Quietness(_Record):
+    """Record test on the quietness, 1 / standard deviation, of the last ``length`` values
+    (the newest one and ``length - 1`` from the fine shape ring): a stretch that varies less
+    than any stretch of the calibration horizon did (a stuck sensor, a lost source of load).
+
+    The mean and sum of squared deviations of the stored ``length - 1`` values are slid
+    along in O(1) (Welford), recomputed from the ring every `_QUIET_REFRESH` samples so
+    that rounding cannot accumulate.
+    """
+
+    def __init__(self, length, horizon, min_calibration):
+        super().__init__(horizon, min_calibration)
+        self.length = length
+        self.n = 0  # stored values in the statistics: min(count, length - 1)
+        self.mean = 0.0
+        self.m2 = 0.0
+
+    def quietness(self, x):
+        """1 / (standard deviation of the last length-1 stored values and x); None until
+        length-1 values are stored."""
+        if self.n < self.length - 1:
+            return None
+        delta = x - self.mean
+        m2 = self.m2 + delta * (x - (self.mean + delta / self.length))
+        return 1.0 / (math.sqrt(max(m2, 0.0) / self.length) + _QUIET_FLOOR * (abs(self.mean) + 1e-3))
+
+    def slide(self, ring: _ShapeNovelty):
+        """Take in the value `ring` just stored, dropping the one that left the stretch."""
+        keep, count = self.length - 1, ring.count
+        before = self.m2
+        y = float(ring.ring[(count - 1) % ring.size])
+        if self.n == keep:  # drop the oldest of the stretch
+            old = float(ring.ring[(count - 1 - keep) % ring.size])
+            mean = self.mean - (old - self.mean) / (keep - 1) if keep > 1 else 0.0
+            self.m2 -= (old - self.mean) * (old - mean)
+            self.mean, self.n = mean, keep - 1
+        self.n += 1
+        delta = y - self.mean
+        self.mean += delta / self.n
+        self.m2 += delta * (y - self.mean)
+        # Recompute now and then, and whenever the stretch turned much quieter (the
+        # subtraction then cancels): rounding is never taken for quietness.
+        if self.n == keep and (count % _QUIET_REFRESH == 0 or self.m2 < 1e-6 * before):
+            p = (count - keep) % ring.size
+            w = ring.ring[p : p + keep].astype(np.float64)
+            self.mean = float(w.mean())
+            w -= self.mean
+            self.m2 = float(w.dot(w))
 
 
 class _Channel:
     """State of one feature."""
 
     last_event = None  # checkpoints written before the soft refractory period had none
+    quiet = None  # nor those written before the quietness test
 
     def __init__(self, p: NoveltyAlarm):
         self.n = 0
@@ -193,6 +272,7 @@ class _Channel:
                 10,
                 dtype,
             )
+        self.quiet = _Quietness(p.quiet_window, p.calibration, 50) if p.quiet_window else None
         self.block_sum = 0.0
         self._cache = None  # (n, x, result) from the last score, reused by learn
 
@@ -202,7 +282,7 @@ class _Channel:
         return state
 
     def evaluate(self, x, p: NoveltyAlarm):
-        """(score, fine ncm, coarse ncm, coarse block mean or None, novelty z) of x."""
+        """(score, fine ncm, coarse ncm, coarse block mean or None, quietness, novelty z) of x."""
         c = self._cache
         if c is not None and c[0] == self.n and c[1] == x:
             return c[2]
@@ -222,6 +302,12 @@ class _Channel:
             r = self.coarse.ratio(ncm_c) / p.coarse_margin
             if r > z:
                 z = r
+        quiet = None
+        if self.quiet is not None:
+            quiet = self.quiet.quietness(x)
+            r = self.quiet.ratio(quiet) / p.quiet_margin
+            if r > z:
+                z = r
         # z == 1 is the alarm level of every test, raised for a while after a novelty
         # event; map the alarm level to 0.5 and saturate towards 1.
         zl = z
@@ -236,18 +322,22 @@ class _Channel:
             and z < p.escalation * self.last_z
         ):
             score = 0.0
-        result = (score, ncm_f, ncm_c, block, z)
+        result = (score, ncm_f, ncm_c, block, quiet, z)
         self._cache = (self.n, x, result)
         return result
 
     def learn(self, x, p: NoveltyAlarm):
-        score, ncm_f, ncm_c, block, z = self.evaluate(x, p)
+        score, ncm_f, ncm_c, block, quiet, z = self.evaluate(x, p)
         if score >= 0.5:
             self.last_alarm = self.n
             self.last_z = z
         if z >= 1.0 and self.n >= p.warm_up:
             self.last_event = self.n
         self.fine.learn(x, ncm_f)
+        if self.quiet is not None:
+            if quiet is not None:
+                self.quiet.record(quiet)
+            self.quiet.slide(self.fine)
         if self.coarse is not None:
             if block is None:
                 self.block_sum += x
@@ -274,9 +364,9 @@ def _value(v):
 class NoveltyAlarm(base.AnomalyDetector):
     """Calibrated novelty alarm for streams with unknown kinds of anomaly.
 
-    Each numeric feature of ``x`` gets its own state and three novelty tests (value
-    outside the range seen so far, unseen short-term shape, unseen slow shape, see the
-    module docstring); the score of ``x`` is the largest score over its features.
+    Each numeric feature of ``x`` gets its own state and four novelty tests (value
+    outside the range seen so far, unseen short-term shape, unseen slow shape, a stretch
+    quieter than any before, see the module docstring); the score of ``x`` is the largest score over its features.
     Missing and non-finite values are ignored: they are neither scored nor learned.
 
     The score is an alarm-onset score: 0 for ordinary samples, 0.5 exactly when a test
@@ -320,6 +410,14 @@ class NoveltyAlarm(base.AnomalyDetector):
         Horizon (blocks) of the record a slow shape score has to beat.
     coarse_margin
         Ratio to the record at which the slow shape test alarms.
+    quiet_window
+        Values whose standard deviation the quietness test compares with the quietest
+        ``quiet_window`` values of the last ``calibration`` samples (at most
+        ``reference_size + gap + window - 1``: they are read from the shape test's
+        history); 0 disables that test. A deviation within 1e-9 of the level (rounding)
+        counts as flat.
+    quiet_margin
+        Ratio to the record (the quietest stretch) at which the quietness test alarms.
     range_tolerance
         Excursion beyond the observed range, as a fraction of its width, at which the
         range test alarms.
@@ -379,6 +477,8 @@ class NoveltyAlarm(base.AnomalyDetector):
     # for checkpoints written before these parameters existed
     recovery = RECOVERY_SAMPLES
     recovery_exponent = RECOVERY_EXPONENT
+    quiet_window = QUIET_WINDOW
+    quiet_margin = QUIET_MARGIN
 
     def __init__(
         self,
@@ -391,10 +491,12 @@ class NoveltyAlarm(base.AnomalyDetector):
         margin: float = 1.0,
         coarse_block: int = 8,
         coarse_window: int = 36,
-        coarse_neighbors: int = 5,
+        coarse_neighbors: int = 1,
         coarse_reference_size: int = 200,
         coarse_calibration: int = 100,
-        coarse_margin: float = 1.5,
+        coarse_margin: float = 1.3,
+        quiet_window: int = QUIET_WINDOW,
+        quiet_margin: float = QUIET_MARGIN,
         range_tolerance: float = 0.015,
         refractory: int = 30,
         escalation: float = 2.0,
@@ -415,6 +517,8 @@ class NoveltyAlarm(base.AnomalyDetector):
         self.coarse_reference_size = coarse_reference_size
         self.coarse_calibration = coarse_calibration
         self.coarse_margin = coarse_margin
+        self.quiet_window = quiet_window
+        self.quiet_margin = quiet_margin
         self.range_tolerance = range_tolerance
         self.refractory = refractory
         self.escalation = escalation
@@ -435,7 +539,7 @@ class NoveltyAlarm(base.AnomalyDetector):
         def is_num(v):
             return isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v)
 
-        for name in ("warm_up", "refractory", "coarse_block", "recovery"):
+        for name in ("warm_up", "refractory", "coarse_block", "recovery", "quiet_window"):
             need(name, is_int(getattr(self, name)) and getattr(self, name) >= 0, "an int >= 0")
         for name in ("window", "coarse_window"):
             need(name, is_int(getattr(self, name)) and getattr(self, name) >= 2, "an int >= 2")
@@ -447,7 +551,10 @@ class NoveltyAlarm(base.AnomalyDetector):
         ):
             v = getattr(self, name)
             need(name, is_int(v) and v > getattr(self, k), f"an int > {k}")
-        for name in ("margin", "coarse_margin", "range_tolerance"):
+        span = self.reference_size + self.gap + self.window - 1  # values the fine ring holds
+        need("quiet_window", self.quiet_window == 0 or 2 <= self.quiet_window <= span,
+             f"0 (off) or in [2, reference_size + gap + window - 1 = {span}]")
+        for name in ("margin", "coarse_margin", "range_tolerance", "quiet_margin"):
             need(name, is_num(getattr(self, name)) and getattr(self, name) > 0, "a number > 0")
         need("recovery_exponent", is_num(self.recovery_exponent) and self.recovery_exponent >= 0,
              "a number >= 0")

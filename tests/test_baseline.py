@@ -80,6 +80,28 @@ def test_shape_change_inside_the_range_alarms(seed):
 
 
 @pytest.mark.parametrize("seed", range(3))
+def test_a_stuck_value_inside_the_range_alarms_on_quietness_only(seed):
+    # A noisy sensor that freezes at an ordinary value: inside the range, and a constant
+    # window is closer to the noise windows than they are to each other; only the
+    # quietness test (standard deviation of the last 48 values) sees it.
+    values = noise(3000, seed) + [100.0] * 300
+    got = alarms(run(NoveltyAlarm(), values)[3000:])
+    # once the 48 values are mostly stuck, and at most once more, when they all are (an
+    # exactly flat stretch is infinitely quieter: the escalation rule); then silent
+    assert got and len(got) <= 2 and got[-1] < 48
+    assert alarms(run(NoveltyAlarm(quiet_window=0), values)[3000:]) == []
+
+
+def test_quietness_of_a_large_level_is_not_rounding():
+    # Sliding statistics at a level 2e5 times the noise: a stuck stretch alarms as above,
+    # and neither their refresh (every 1024 samples) nor float32 state makes new records.
+    values = noise(3000, 21, mean=1e6) + [1e6 + 3.0] * 3000 + noise(1000, 22, mean=1e6)
+    for compact in (True, False):
+        got = alarms(run(NoveltyAlarm(compact=compact), values)[3000:6000])
+        assert got and len(got) <= 2 and got[-1] < 48
+
+
+@pytest.mark.parametrize("seed", range(3))
 def test_stationary_noise_stays_low(seed):
     scores = run(NoveltyAlarm(), noise(10000, seed))
     assert np.quantile(scores, 0.99) < 0.5
@@ -272,7 +294,11 @@ def test_clone_is_fresh_and_keeps_params():
         ("coarse_block", -8),
         ("coarse_window", 1),
         ("coarse_neighbors", 0),
-        ("coarse_reference_size", 5),  # must exceed coarse_neighbors (5)
+        ("coarse_reference_size", 1),  # must exceed coarse_neighbors (1)
+        ("quiet_window", 1),
+        ("quiet_window", 619),  # longer than the fine ring (300 + 300 + 19 - 1)
+        ("quiet_window", 4.0),
+        ("quiet_margin", 0.0),
         ("coarse_calibration", 0),
         ("coarse_margin", -1.0),
         ("range_tolerance", 0),
