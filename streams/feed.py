@@ -214,7 +214,7 @@ def _derive_headers(kind: str, value: bytes) -> list[tuple[str, bytes]]:
     try:
         if kind == "anomaly":
             return anomaly_headers(ev.AnomalyEvent.FromString(value))
-        return decision_headers(ev.ActionDecision.FromString(value), kind)  # type: ignore[arg-type]
+        return decision_headers(ev.ActionDecision.FromString(value), kind)
     except DecodeError as exc:
         raise CloudEventError(f"a record without CloudEvents headers whose value is no {kind} protobuf: "
                               f"{exc}") from None

@@ -23,7 +23,7 @@ from fabricwatch.actions.alerts.pagerduty import PagerDutySink, pd_event
 from fabricwatch.actions.alerts.slack import SlackSink, slack_message
 from fabricwatch.actions.alerts.wecom import WeComSink, wecom_message
 from fabricwatch.protos.v1 import events_pb2 as pb
-from tests.helpers import free_port
+from helpers import free_port
 
 ONSET_NS = 1_764_504_005_123_000_000      # 2025-11-30T12:00:05.123Z
 DETECTED_NS = ONSET_NS + 3_000_000_000

@@ -17,7 +17,7 @@ from fabricwatch.actions.alerts.alertmanager import AlertmanagerSink, am_labels
 from fabricwatch.actions.alerts.base import FIRING, RESOLVED, Alert
 from fabricwatch.actions.alerts.http import JsonPoster, RetryPolicy
 from fabricwatch.actions.alerts.message import utc_iso
-from tests.helpers import free_port
+from helpers import free_port
 
 FAST = RetryPolicy(timeout_s=2.0, max_attempts=2, backoff_initial_s=0.05, backoff_max_s=0.1, total_budget_s=3.0)
 

@@ -1,5 +1,5 @@
-"""The whole tree passes ruff: pyflakes, pycodestyle's errors and warnings, bugbear
-(pyproject.toml ``[tool.ruff]`` says which rules and why some are off)."""
+"""The whole tree passes ruff (pyflakes, pycodestyle's errors and warnings, bugbear) and mypy
+(pyproject.toml ``[tool.ruff]`` and ``[tool.mypy]`` say which rules and why some are off)."""
 from __future__ import annotations
 
 import subprocess
@@ -15,4 +15,13 @@ def test_ruff_finds_nothing():
     pytest.importorskip("ruff", reason="ruff is in the test extras: pip install -e '.[test]'")
     out = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", str(ROOT)],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_mypy_finds_nothing():
+    # pyproject.toml [tool.mypy]: the whole tree; the errors of today are switched off per module
+    # and code there, so a new kind of error anywhere fails here.
+    pytest.importorskip("mypy", reason="mypy is in the test extras: pip install -e '.[test]'")
+    out = subprocess.run([sys.executable, "-m", "mypy", "--no-error-summary"],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]

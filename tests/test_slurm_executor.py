@@ -8,7 +8,7 @@ import os
 import stat
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -307,7 +307,7 @@ def _reset_cluster(node: str, env: dict[str, str]) -> None:
     _wait_for(idle_and_empty, 60, lambda: f"node {node} idle and the queue empty (last seen: {seen})")
 
 
-def _wait_for(predicate, timeout_s: float, what: str) -> None:
+def _wait_for(predicate, timeout_s: float, what: str | Callable[[], str]) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
