@@ -30,7 +30,7 @@ from report import publish
 
 def record(nodes: int, seconds: float, workdir: Path) -> tuple[dict[str, Path], int]:
     from fabricwatch.collectors.run_simulated import SimulationRun, build_simulator
-    from fabricwatch.streams.recording import open_recording
+    from fabricwatch.recording import open_recording
 
     paths = {"binary": workdir / "run.fwrec", "jsonl": workdir / "run.jsonl"}
     writers = [open_recording(str(p)) for p in paths.values()]

@@ -38,7 +38,7 @@ class SimulationRun:
     duration_s: float = 60.0          # simulated seconds; 0 = forever
     realtime: bool = True             # pace ticks to the wall clock
     scenario: str = "demo"            # "demo" (injected faults) | "healthy"
-    record_path: str | None = None    # a recording of every snapshot (streams.recording)
+    record_path: str | None = None    # a recording of every snapshot (fabricwatch.recording)
     topology_out: str | None = None
     cadence: str = "collector"        # "collector" (PFC 100 ms, the rest 1 s, lingering) | "uniform"
 
@@ -109,7 +109,7 @@ class Linger:
 
 
 async def run_simulation(run: SimulationRun, sender_config: SenderConfig | None) -> Counter:
-    from fabricwatch.streams.recording import open_recording
+    from fabricwatch.recording import open_recording
 
     sim = build_simulator(run)
     if run.topology_out:

@@ -317,7 +317,7 @@ async def collect(config: CollectorConfig, *, record_path: str | None = None, du
     import signal
     from collections import Counter
 
-    from fabricwatch.streams.decode import snapshot_to_json
+    from fabricwatch.recording import snapshot_to_json
 
     from .gnmi_switch import run_switches
     from .sender import GatewaySender, SenderConfig

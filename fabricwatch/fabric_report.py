@@ -105,7 +105,7 @@ def from_recording(path: str | Path, topology: Topology | None, config=None) -> 
     """The summary of a recording and the anomaly events its replay gives."""
     from fabricwatch.streams.decode import snapshot_batch
     from fabricwatch.streams.pipeline import DetectionPipeline
-    from fabricwatch.streams.recording import read_snapshots
+    from fabricwatch.recording import read_snapshots
     from fabricwatch.streams.replay import accepted_in_order, replay
 
     stats: Counter = Counter()

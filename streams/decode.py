@@ -7,7 +7,6 @@
 * `to_batch`: a `SourceRecord` -> `models.frames.SourceBatch`, one ``frombuffer`` per block
   (no per-value or per-tick Python work).
 * `to_view`: one `Snapshot` -> `models.frames.SourceView` (tests, the dashboard).
-* JSON Lines records for recordings (`snapshot_to_json` / `snapshot_from_json`).
 
 >>> snaps = [pb.Snapshot(cluster="c1", source="n1", source_kind=pb.SOURCE_KIND_NODE, time_unix_ns=t, seq=t,
 ...          blocks=[pb.CounterBlock(entity_kind=pb.ENTITY_KIND_NIC_PORT, entity_ids=["mlx5_0/1"],
@@ -24,7 +23,6 @@ import hashlib
 from collections.abc import Iterable
 
 import numpy as np
-from google.protobuf import json_format
 
 from fabricwatch.models.frames import (GPU, NIC_PORT, SWITCH_PORT, DeviceEvent, EntityFrame, FrameStack, RankProgress,
                                        RankStep, SourceBatch, SourceView)
@@ -233,13 +231,3 @@ def _layout_of(block: rec.TickBlock) -> tuple | None:
 def snapshot_batch(snap: pb.Snapshot, received_ns: int = 0) -> SourceBatch:
     """One snapshot's ticks (one) as a batch."""
     return to_batch(pack([snap], received_ns))
-
-
-def snapshot_to_json(snap: pb.Snapshot) -> str:
-    """One JSON Lines record (proto3 JSON mapping, field names as in the .proto)."""
-    return json_format.MessageToJson(snap, preserving_proto_field_name=True, indent=None)
-
-
-def snapshot_from_json(line: str) -> pb.Snapshot:
-    """Parse one JSON Lines record; raises `json_format.ParseError` on malformed input."""
-    return json_format.Parse(line, pb.Snapshot())

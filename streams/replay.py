@@ -1,6 +1,6 @@
 """Replay a recorded telemetry stream through the detectors, without Kafka.
 
-Input: a recording (`streams.recording`: binary by default, JSON Lines accepted), one
+Input: a recording (`fabricwatch.recording`: binary by default, JSON Lines accepted), one
 `Snapshot` per record. Records are validated like at the gateway and processed in event
 time: ticks are cut into windows of `WINDOW_S`, and each source's ticks of one window go
 through the stages as one record (as a collector's batch would), so the worker's batch
@@ -21,11 +21,11 @@ from google.protobuf import json_format
 from fabricwatch.models.findings import Finding
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
+from fabricwatch.recording import read_snapshots
 
 from .decode import pack, rank_progress_of, rank_steps_of, to_batch
 from .events import to_event
 from .pipeline import DetectionPipeline
-from .recording import read_snapshots
 from .validate import validate_snapshot
 
 log = logging.getLogger("fabricwatch.replay")

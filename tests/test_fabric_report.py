@@ -21,7 +21,7 @@ from fabricwatch.simulator.cluster import ClusterSimulator
 from fabricwatch.simulator.fabric_faults import PfcStorm
 from fabricwatch.streams import topics
 from fabricwatch.streams.decode import pack
-from fabricwatch.streams.recording import RecordingWriter
+from fabricwatch.recording import RecordingWriter
 
 S = 10**9
 T0 = 1_790_000_000 * S

@@ -118,7 +118,7 @@ def test_replay_input_lines_never_crash(lines):
 def test_binary_recordings_never_crash(tail):
     from collections import Counter
 
-    from fabricwatch.streams.recording import MAGIC
+    from fabricwatch.recording import MAGIC
 
     stats = Counter()
     assert all(isinstance(s, pb.Snapshot) for s in read_snapshots(io.BytesIO(MAGIC + tail), stats))

@@ -1,4 +1,5 @@
-"""Telemetry recordings: what `fabricwatch simulate --record` writes and `replay` reads.
+"""Telemetry recordings: what `fabricwatch simulate --record` (and `collect-switch --record`) writes and
+`replay` reads; here, not in streams/, as the collectors write them.
 
 Two formats, told apart by the file's first bytes:
 
@@ -34,12 +35,20 @@ from google.protobuf.message import DecodeError
 
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 
-from .decode import snapshot_from_json, snapshot_to_json
-
 log = logging.getLogger("fabricwatch.replay")
 MAGIC = b"FWREC1\n"
 MAX_RECORD_BYTES = 64 << 20          # a snapshot is kilobytes; more is a corrupt length
 _LOGGED_PROBLEMS = 10
+
+
+def snapshot_to_json(snap: pb.Snapshot) -> str:
+    """One JSON Lines record (proto3 JSON mapping, field names as in the .proto)."""
+    return json_format.MessageToJson(snap, preserving_proto_field_name=True, indent=None)
+
+
+def snapshot_from_json(line: str) -> pb.Snapshot:
+    """Parse one JSON Lines record; raises `json_format.ParseError` on malformed input."""
+    return json_format.Parse(line, pb.Snapshot())
 
 
 def _varint(n: int) -> bytes:
