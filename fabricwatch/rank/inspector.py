@@ -62,8 +62,9 @@ def _json_objects(lines: Iterable[str], stats: Counter) -> Iterator[Any]:
             text = buf.lstrip()
             try:
                 obj, end = decoder.raw_decode(text)
-            except ValueError as exc:
-                if exc.pos >= len(text.rstrip()) - 1 and len(buf) < _MAX_OBJECT_CHARS:  # incomplete: read on
+            except ValueError as exc:   # also a plain ValueError (a number past int's digit limit): no .pos
+                incomplete = isinstance(exc, json.JSONDecodeError) and exc.pos >= len(text.rstrip()) - 1
+                if incomplete and len(buf) < _MAX_OBJECT_CHARS:  # read on
                     break
                 stats["malformed_lines"] += 1
                 buf = ""
