@@ -289,7 +289,8 @@ class _Section:
         for key in doc:
             if not isinstance(key, str):
                 raise PolicyError(f"{path or 'policy'}: keys must be strings, got {key!r}")
-        self.doc, self.path, self.read = doc, path, set()
+        self.doc, self.path = doc, path
+        self.read: set[str] = set()
 
     def _at(self, key: str) -> str:
         return f"{self.path}.{key}" if self.path else key

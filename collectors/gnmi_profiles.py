@@ -356,7 +356,8 @@ def split_path(path: str) -> list[tuple[str, dict[str, str]]]:
     """
     elems: list[tuple[str, dict[str, str]]] = []
     i, n = 0, len(path)
-    name, keys = [], {}
+    name: list[str] = []
+    keys: dict[str, str] = {}
     while i < n:
         c = path[i]
         if c == "/":
@@ -519,7 +520,7 @@ def compile_profile(name: str) -> CompiledProfile:
 
 def expand_paths(group: SubscriptionGroup, priorities) -> list[tuple[str, str]]:
     """Subscription paths of a group, ``{prio}`` expanded to each configured priority."""
-    out = []
+    out: list[tuple[str, str]] = []
     for path, mode in group.paths:
         if "{prio}" in path:
             out.extend((path.replace("{prio}", str(p)), mode) for p in sorted(priorities))

@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,7 +46,7 @@ S = 10**9
 
 # ---------------------------------------------------------------------- processes
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory) -> LocalKafka:
+def broker(tmp_path_factory) -> Iterator[LocalKafka]:
     """A broker for this module alone: one scenario stops and restarts it."""
     kafka = LocalKafka(port=free_port(), controller_port=free_port(),
                        state_dir=tmp_path_factory.mktemp("fault-kafka"))

@@ -24,6 +24,7 @@ from fabricwatch.models.straggler import StragglerDetector
 from fabricwatch.models.topology import rail_optimised
 from fabricwatch.simulator.cluster import ClusterSimulator
 from fabricwatch.simulator.host_faults import EccUncorrectable, GpuXid, Straggler
+from fabricwatch.simulator.labels import GroundTruth
 from fabricwatch.simulator.workload import Job, auto_jobs
 from fabricwatch.streams.config import DetectionConfig
 from fabricwatch.streams.decode import to_view
@@ -102,7 +103,7 @@ def drive(faults=(), seconds=75, jobs=None, seed=3, health=True, delay_ticks=Non
     return run
 
 
-def _truth_of(sim: ClusterSimulator) -> dict[str, object]:
+def _truth_of(sim: ClusterSimulator) -> dict[str, GroundTruth]:
     return {g.entity: g for g in sim.ground_truth() if g.kind == "straggler"}
 
 

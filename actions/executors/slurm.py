@@ -214,7 +214,7 @@ def _expand_item(item: str) -> list[str]:
         return [item]
     close_at = item.index("]", open_at)
     prefix, ranges, rest = item[:open_at], item[open_at + 1:close_at], item[close_at + 1:]
-    heads = []
+    heads: list[str] = []
     for part in ranges.split(","):
         lo, _, hi = part.partition("-")
         if not lo.isdigit() or (hi and not hi.isdigit()):

@@ -223,7 +223,7 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
         for d in r.detections.get(FABRICWATCH, []):
             kinds_seen[d.kind] += 1
     total_snaps = sum(r.snapshots for r in runs)
-    cpu = Counter()
+    cpu: Counter[str] = Counter()
     for r in runs:
         cpu.update(r.seconds)
     node_hours_all = sum(r.scenario.node_hours for r in runs)

@@ -21,7 +21,7 @@ import time
 import weakref
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from fabricwatch.grpc_tls import check_client_tls
 
@@ -46,7 +46,7 @@ class _NullContext:
     def __enter__(self):
         return None
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> Literal[False]:
         return False
 
 
@@ -64,7 +64,7 @@ class _StepContext:
         r.step_begin(r._ctx_step)
         return r
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         if exc_type is None:
             self._reporter.step_end()
         else:
@@ -82,7 +82,7 @@ class _CollectiveContext:
         self._reporter.collective_begin()
         return self._reporter
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> Literal[False]:
         self._reporter.collective_end()
         return False
 
@@ -97,7 +97,7 @@ class _CollectivesContext:
         self._reporter.collectives_begin()
         return self._reporter
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> Literal[False]:
         self._reporter.collectives_end()
         return False
 
