@@ -1,0 +1,82 @@
+"""The shared config schema: one gateway block for every collector, errors that name the path."""
+from __future__ import annotations
+
+import pytest
+
+from fabricwatch.collectors.node_config import ConfigError, NodeConfig
+from fabricwatch.collectors.switch_config import parse_config
+from fabricwatch.config_schema import GatewayConnection, validate
+
+SWITCH = {"name": "leaf-01", "target": "127.0.0.1:9339"}
+
+
+def test_node_and_switch_collectors_read_the_same_gateway_block(tmp_path):
+    for name in ("ca.pem", "client.pem", "client.key", "token"):
+        (tmp_path / name).write_text("x\n")
+    block = {"target": "gw.example:50051", "ca_cert": str(tmp_path / "ca.pem"), "server_name": "gw",
+             "client_cert": str(tmp_path / "client.pem"), "client_key": str(tmp_path / "client.key"),
+             "token_file": str(tmp_path / "token")}
+    node = NodeConfig.from_dict({"gateway": block}).sender_config()
+    switch = parse_config({"gateway": block, "switches": [SWITCH]}, tmp_path).gateway
+    assert (node.root_cert_path, node.client_cert_path, node.client_key_path, node.server_name_override,
+            node.token) == (switch.ca_cert, switch.client_cert, switch.client_key, switch.server_name,
+                            switch.token) == (block["ca_cert"], block["client_cert"], block["client_key"], "gw", "x")
+
+
+def test_older_spellings_of_the_gateway_keys_still_load(tmp_path):
+    (tmp_path / "ca.pem").write_text("x")
+    node = NodeConfig.from_dict({"gateway": {"target": "127.0.0.1:1", "ca": "/ca.pem",
+                                             "server_name_override": "gw"}})
+    assert (node.gateway.ca_cert, node.gateway.server_name) == ("/ca.pem", "gw")
+    switch = parse_config({"gateway": {"target": "127.0.0.1:1", "ca": "ca.pem"}, "switches": [SWITCH]}, tmp_path)
+    assert switch.gateway.ca_cert == str(tmp_path / "ca.pem")
+
+
+@pytest.mark.parametrize("gateway, error", [
+    ({"target": "127.0.0.1:1", "ca_cert": "/ca", "client_key": "/k"},
+     r"^gateway: the client certificate and its key go together \(mTLS\)$"),
+    ({"target": "127.0.0.1:1", "client_cert": "/c", "client_key": "/k"}, r"^gateway: a client certificate needs TLS"),
+    ({"target": "127.0.0.1:1", "token": "a", "token_file": "/t"}, r"^gateway: give token or token_file, not both"),
+    ({"target": "127.0.0.1"}, r"^gateway.target: target '127.0.0.1' is not host:port"),
+    ({"target": "127.0.0.1:1", "client_cert": 7}, r"^gateway.client_cert: expected a string, got 7"),
+    ({"target": "127.0.0.1:1", "max_batch": 0}, r"^gateway.max_batch: expected an integer in 1..10000, got 0"),
+    ({"target": "127.0.0.1:1", "linger_s": float("nan")}, r"^gateway.linger_s: expected a finite number"),
+    ({"target": "127.0.0.1:1", "max_batch": True}, r"^gateway.max_batch: expected an integer, got True"),
+    ({"target": "127.0.0.1:1", "ca_crt": "/ca"}, r"^gateway: unknown key 'ca_crt' \(allowed: target, token_file"),
+])
+def test_node_gateway_errors_name_the_path(gateway, error):
+    with pytest.raises(ConfigError, match=error):
+        NodeConfig.from_dict({"gateway": gateway})
+
+
+def test_switch_files_are_resolved_and_must_exist(tmp_path):
+    with pytest.raises(ValueError, match=r"^gateway.client_cert: no such file: .*client.pem"):
+        parse_config({"gateway": {"target": "127.0.0.1:1", "client_cert": "client.pem"}, "switches": [SWITCH]},
+                     tmp_path)
+    with pytest.raises(ValueError, match=r"^switches\[0\] \(leaf-01\).tls.ca: no such file"):
+        parse_config({"switches": [{**SWITCH, "tls": {"ca": "nope.pem"}}]}, tmp_path)
+    with pytest.raises(ValueError, match=r"^defaults.tls: unknown key 'cA'"):
+        parse_config({"defaults": {"tls": {"cA": "x"}}, "switches": [SWITCH]}, tmp_path)
+
+
+def test_the_switch_token_comes_from_the_environment_only_without_token_keys(tmp_path, monkeypatch):
+    monkeypatch.setenv("FABRICWATCH_TOKEN", "from-env")
+    assert parse_config({"gateway": {}, "switches": [SWITCH]}, tmp_path).gateway.token == "from-env"
+    assert parse_config({"gateway": {"token": "t"}, "switches": [SWITCH]}, tmp_path).gateway.token == "t"
+    # the node collector reads no environment: its token is in its config
+    assert NodeConfig.from_dict({}).sender_config().token == ""
+
+
+def test_hostile_shapes_fail_cleanly():
+    deep: dict = {}
+    for _ in range(200):
+        deep = {"x": deep}
+    for data, error in (([1, 2], r"^config: expected a mapping, got list"),
+                        ({"intervals": "fast"}, r"^intervals: expected a mapping, got str"),
+                        ({"ethtool": {"allow": ["ok", ""]}}, r"^ethtool.allow\[1\]: expected a non-empty string"),
+                        ({"nvml": deep}, r"^nvml: unknown key 'x'"),
+                        ({1: 2}, r"^config: unknown key '1'")):
+        with pytest.raises(ConfigError, match=error):
+            NodeConfig.from_dict(data)
+    with pytest.raises(ValueError, match=r"^gateway: expected a mapping, got int"):
+        validate(GatewayConnection, 5, where="gateway")
