@@ -52,6 +52,8 @@ _SCHEMA_DEFAULTS = {
     ("GatewayConnection", "server_name"): "the target host",
     ("SwitchDefaults", "auth"): "profile's",
     ("SwitchDefaults", "encoding"): "profile's",
+    ("TokenEntry", "name"): "`collector-<index>`",
+    ("TokenEntry", "cluster"): "the gateway's `--cluster`",
 }
 
 
@@ -119,16 +121,6 @@ def _switch_sections() -> list[tuple[str, list]]:
              own + schema_rows(sc.SwitchDefaults)),
             ("`tls`:", schema_rows(sc.SwitchTls)),
             ("The `credentials` file:", schema_rows(sc.Credentials))]
-
-# ---------------------------------------------------------------------- the gateway's tokens file
-TOKENS_KEYS = [
-    ("name", _Rule("`collector-<index>`"), "the collector's name, in logs and rejection counts"),
-    ("token_sha256", _Rule("required"), "SHA-256 of the bearer token, 64 lowercase hex digits (the token itself is never stored)"),
-    ("sources", _Rule("required"), "non-empty list of `fnmatch` globs of the node / switch names it may report, and "
-                            "that its rank steps may name; the event feed shows it only events of these"),
-    ("cluster", _Rule("the gateway's `--cluster`"), "the cluster stamped on every snapshot it sends (the snapshot's own "
-                                             "field is ignored); the feed shows it only this cluster's events"),
-]
 
 # ---------------------------------------------------------------------- the response policy
 # The keys `actions/policy.py` reads outside `rules`, `executors` and `alerts` (those are
@@ -260,9 +252,11 @@ def _yaml_default(key: str, value) -> str:
 def undocumented_keys() -> list[str]:
     """Config keys the code accepts that this page does not describe (must stay empty)."""
     from fabricwatch.collectors.node_config import NodeConfig
+    from fabricwatch.streams.auth import TokenEntry
 
     missing = [f"collect: {k}" for k, _, m in schema_rows(NodeConfig, flatten=True) if not m]
     missing += [f"collect-switch: {k}" for _, rows in _switch_sections() for k, _, m in rows if not m]
+    missing += [f"tokens: {k}" for k, _, m in schema_rows(TokenEntry) if not m]
     missing += [f"policy: {k}" for k, _ in policy_keys() if k not in POLICY_KEY_MEANINGS]
     missing += [f"policy: {k} (documented, not read)" for k in sorted(set(POLICY_KEY_MEANINGS) - dict(policy_keys()).keys())]
     return missing
@@ -277,6 +271,7 @@ def render() -> str:
     """The whole of docs/configuration.md."""
     from fabricwatch.cli import build_parser
     from fabricwatch.collectors.node_config import NodeConfig
+    from fabricwatch.streams.auth import TokenEntry
 
     parser = build_parser()
     out = [
@@ -343,7 +338,7 @@ def render() -> str:
         "    cluster: gpu-east",
         "```",
         "",
-        *_key_table(TOKENS_KEYS),
+        *_key_table(schema_rows(TokenEntry)),
         "",
         "## Response policy (`fabricwatch respond --policy`)",
         "",

@@ -80,3 +80,19 @@ def test_hostile_shapes_fail_cleanly():
             NodeConfig.from_dict(data)
     with pytest.raises(ValueError, match=r"^gateway: expected a mapping, got int"):
         validate(GatewayConnection, 5, where="gateway")
+
+
+@pytest.mark.parametrize("text, error", [
+    ("collectors: [{token_sha256: abc, sources: [x]}]", r"collectors\[0\].token_sha256: must be 64 lowercase hex"),
+    (f"collectors: [{{token_sha256: {'a' * 64}, sources: []}}]", r"collectors\[0\].sources: expected a non-empty"),
+    (f"collectors: [{{name: r1, token_sha256: {'a' * 64}, sources: [x], srcs: [y]}}]",
+     r"collectors\[0\] \(r1\): unknown key 'srcs'"),
+    ("collectors: 3", r"collectors: expected a list, got 3"),
+])
+def test_tokens_file_errors_name_the_entry(tmp_path, text, error):
+    from fabricwatch.streams.auth import AuthConfigError, TokenAuth
+
+    path = tmp_path / "tokens.yaml"
+    path.write_text(text)
+    with pytest.raises(AuthConfigError, match=error):
+        TokenAuth.load(path)
