@@ -271,6 +271,8 @@ def render() -> str:
     """The whole of docs/configuration.md."""
     from fabricwatch.cli import build_parser
     from fabricwatch.collectors.node_config import NodeConfig
+    from fabricwatch.config_schema import GatewayConnection
+    from fabricwatch.rank.reporter import GATEWAY_ENV
     from fabricwatch.streams.auth import TokenEntry
 
     parser = build_parser()
@@ -352,6 +354,18 @@ def render() -> str:
         "|---|---|---|",
         *[f"| `{k}` | {_cell(_yaml_default(k, v))} | {_cell(POLICY_KEY_MEANINGS.get(k, ''))} |"
           for k, v in policy_keys()],
+        "",
+        "## Rank SDK (environment of the training processes)",
+        "",
+        "`fabricwatch.rank` reads the gateway block of the collectors (the same rules: TLS unless",
+        "the gateway is loopback, client certificate and key together) from the environment;",
+        "`FABRICWATCH_GATEWAY` unset: the reporter is a no-op. Details: `docs/rank-sdk.md`.",
+        "",
+        "| variable | key of the gateway block | meaning |",
+        "|---|---|---|",
+        *[f"| `{GATEWAY_ENV[k]}` | `{k}` | {_cell(m.split('; also accepted')[0])} |"
+          for k, _, m in schema_rows(GatewayConnection)
+          if k in GATEWAY_ENV],
         "",
         "## Environment variables",
         "",

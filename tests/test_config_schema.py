@@ -96,3 +96,23 @@ def test_tokens_file_errors_name_the_entry(tmp_path, text, error):
     path.write_text(text)
     with pytest.raises(AuthConfigError, match=error):
         TokenAuth.load(path)
+
+
+def test_the_rank_sdk_applies_the_same_gateway_rules():
+    from fabricwatch.rank import RankIdentity, RankReporter
+
+    ident = RankIdentity("job", 0, 1, "node-1", 0, "test")
+    with pytest.raises(ValueError, match=r"^gateway: a gateway at gw.example needs TLS"):
+        RankReporter(ident, "gw.example:50051", token="t")
+    with pytest.raises(ValueError, match=r"^gateway.target: target 'gw' is not host:port"):
+        RankReporter(ident, "gw")
+    assert not RankReporter.from_env({"RANK": "0", "WORLD_SIZE": "1", "FABRICWATCH_GATEWAY": "gw.example:1"}).enabled
+
+
+def test_importing_the_rank_sdk_does_not_import_pydantic():
+    import subprocess
+    import sys
+
+    code = "import sys, fabricwatch.rank; print('pydantic' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"
