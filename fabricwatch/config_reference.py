@@ -251,12 +251,15 @@ def _yaml_default(key: str, value) -> str:
 
 def undocumented_keys() -> list[str]:
     """Config keys the code accepts that this page does not describe (must stay empty)."""
+    from fabricwatch import topology_file as tf
     from fabricwatch.collectors.node_config import NodeConfig
     from fabricwatch.streams.auth import TokenEntry
 
     missing = [f"collect: {k}" for k, _, m in schema_rows(NodeConfig, flatten=True) if not m]
     missing += [f"collect-switch: {k}" for _, rows in _switch_sections() for k, _, m in rows if not m]
     missing += [f"tokens: {k}" for k, _, m in schema_rows(TokenEntry) if not m]
+    missing += [f"topology: {k}" for model in (tf.TopologyFile, tf.SwitchEntry, tf.NicPortEntry, tf.LinkEntry)
+                for k, _, m in schema_rows(model) if not m]
     missing += [f"policy: {k}" for k, _ in policy_keys() if k not in POLICY_KEY_MEANINGS]
     missing += [f"policy: {k} (documented, not read)" for k in sorted(set(POLICY_KEY_MEANINGS) - dict(policy_keys()).keys())]
     return missing
@@ -273,6 +276,7 @@ def render() -> str:
     from fabricwatch.collectors.node_config import NodeConfig
     from fabricwatch.config_schema import GatewayConnection
     from fabricwatch.rank.reporter import GATEWAY_ENV
+    from fabricwatch import topology_file as tf
     from fabricwatch.streams.auth import TokenEntry
 
     parser = build_parser()
@@ -282,8 +286,8 @@ def render() -> str:
         f"Generated from the code by `{REGENERATE}`; do not edit by hand",
         "(`tests/test_config_reference.py` fails when this page is out of date).",
         "Every option of every `fabricwatch` subcommand with its default, then the keys of the",
-        "collector config files, of the gateway's tokens file and of the response policy's guard",
-        "rails. Deployment files that set",
+        "collector config files, of the gateway's tokens file, of the response policy's guard",
+        "rails, of the topology file and the rank SDK's environment. Deployment files that set",
         "them: `deploy/` (Compose, Helm, systemd); the operator's guide is `docs/operations.md`.",
         "",
         "## Global options",
@@ -355,6 +359,16 @@ def render() -> str:
         *[f"| `{k}` | {_cell(_yaml_default(k, v))} | {_cell(POLICY_KEY_MEANINGS.get(k, ''))} |"
           for k, v in policy_keys()],
         "",
+        "## Topology file (`--topology`)",
+        "",
+        "YAML (`docs/topology.md`, `fabricwatch/topology_file.py`); unknown keys and wrong types",
+        "are refused with the entry named, then the cabling is checked as a whole.",
+        "",
+    ]
+    for title, model in (("Top level:", tf.TopologyFile), ("`switches[]`:", tf.SwitchEntry),
+                         ("`nic_ports[]`:", tf.NicPortEntry), ("`links[]`:", tf.LinkEntry)):
+        out += [title, "", *_key_table(schema_rows(model)), ""]
+    out += [
         "## Rank SDK (environment of the training processes)",
         "",
         "`fabricwatch.rank` reads the gateway block of the collectors (the same rules: TLS unless",

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, GetCoreSchemaHandler, \
+from pydantic import AfterValidator, AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, GetCoreSchemaHandler, \
     ValidationError, ValidationInfo, model_validator
 from pydantic_core import core_schema
 
@@ -119,7 +119,14 @@ def _number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(float(x))
 
 
+def _number_as_text(value: Any) -> Any:
+    """YAML reads ``name: 12`` as a number; a name is text."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
 NonEmpty = Annotated[str, AfterValidator(_non_empty)]
+AsText = Annotated[str, BeforeValidator(_number_as_text)]
+Name = Annotated[AsText, AfterValidator(_non_empty)]      # a node, switch, port or collector name
 Target = Annotated[str, AfterValidator(_target)]
 ConfigFile = Annotated[str, AfterValidator(_config_file)]
 

@@ -25,12 +25,12 @@ import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import yaml
-from pydantic import AfterValidator, Field, field_validator
+from pydantic import AfterValidator, Field
 
-from fabricwatch.config_schema import NonEmpty, Section, validate
+from fabricwatch.config_schema import AsText, NonEmpty, Section, validate
 
 #: A cluster name in a tokens file: what the gateway accepts as a snapshot's cluster.
 CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+=-]{0,252}$")
@@ -56,7 +56,7 @@ def _cluster(value: str) -> str:
 class TokenEntry(Section):
     """One collector of the tokens file."""
 
-    name: str = Field("", description="the collector's name, in logs and rejection counts")
+    name: AsText = Field("", description="the collector's name, in logs and rejection counts")
     token_sha256: Annotated[str, AfterValidator(_digest)] = Field(
         description="SHA-256 of the bearer token, 64 lowercase hex digits (the token itself is never stored)")
     sources: Annotated[list[NonEmpty], Field(min_length=1)] = Field(
@@ -65,11 +65,6 @@ class TokenEntry(Section):
     cluster: Annotated[str, AfterValidator(_cluster)] = Field(
         "", description="the cluster stamped on every snapshot it sends (the snapshot's own field is ignored); "
                         "the feed shows it only this cluster's events")
-
-    @field_validator("name", mode="before")
-    @classmethod
-    def _numbers_are_names(cls, value: Any) -> Any:
-        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 class TokensFile(Section):

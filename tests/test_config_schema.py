@@ -116,3 +116,28 @@ def test_importing_the_rank_sdk_does_not_import_pydantic():
     code = "import sys, fabricwatch.rank; print('pydantic' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
+
+
+def test_topology_files_round_trip_and_name_the_bad_entry(tmp_path):
+    import yaml
+
+    from fabricwatch.models.topology import TopologyError, rail_optimised
+    from fabricwatch.topology_file import load_topology, topology_from_dict
+
+    topo = rail_optimised("t", n_nodes=4, nodes_per_unit=2, n_spines=2)
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump(topo.to_dict()))
+    assert load_topology(path).to_dict() == topo.to_dict()
+    doc = topo.to_dict()
+    for change, error in ((lambda d: d["nic_ports"][3].update(port="one"),
+                           r"nic_ports\[3\].port: expected an integer, got 'one'"),
+                          (lambda d: d["links"][0].update(speed=1), r"links\[0\]: unknown key 'speed'"),
+                          (lambda d: d["switches"][1].update(name=""), r"switches\[1\].name: expected a non-empty"),
+                          (lambda d: d["nic_ports"][0].update(switch="nowhere"), r"cabled to unknown switch 'nowhere'"),
+                          (lambda d: d.pop("switches"), r"config: missing key 'switches'")):
+        broken = yaml.safe_load(yaml.safe_dump(doc))
+        change(broken)
+        with pytest.raises(TopologyError, match=error):
+            topology_from_dict(broken)
+    with pytest.raises(TopologyError, match="cannot read the topology"):
+        load_topology(tmp_path / "missing.yaml")
