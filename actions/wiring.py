@@ -17,6 +17,7 @@ execute: drain_node is enabled but no executor handles it (set executors.schedul
 from __future__ import annotations
 
 import os
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 from .alerts.base import AlertSink
 from .alerts.dispatch import DEFAULT_MAX_BACKLOG
 from .base import ACTION_KINDS, ALERT, UNDO_OF, Executor
-from .policy import EXECUTE, Policy, PolicyError, _Section
+from .policy import EXECUTE, NAME_PATTERN, Policy, PolicyError
 
 
 @dataclass
@@ -185,3 +186,92 @@ def _sinks(doc: Mapping[str, Any]) -> tuple[list[AlertSink], dict[str, int]]:
         s.finish()
     sec.finish()
     return sinks, backlog
+
+
+# The executors and alerts sections are backend-specific (each backend's own keys), read
+# here with typed, path-aware reads; the rest of the policy is the schema in `.policy`.
+class _Section:
+    """Typed, path-aware reads from one YAML mapping; `finish` refuses keys nobody read."""
+
+    def __init__(self, doc: Any, path: str):
+        if not isinstance(doc, Mapping):
+            raise PolicyError(f"{path or 'policy'}: expected a mapping, got {type(doc).__name__}")
+        for key in doc:
+            if not isinstance(key, str):
+                raise PolicyError(f"{path or 'policy'}: keys must be strings, got {key!r}")
+        self.doc, self.path, self.read = doc, path, set()
+
+    def _at(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def _get(self, key: str, default: Any) -> Any:
+        self.read.add(key)
+        if key not in self.doc or self.doc[key] is None:
+            if default is None:
+                raise PolicyError(f"{self._at(key)}: required")
+            return default
+        return self.doc[key]
+
+    def text(self, key: str, default: str | None) -> str:
+        value = self._get(key, default)
+        if not isinstance(value, str) or len(value) > 1024 or not value.isprintable():
+            raise PolicyError(f"{self._at(key)}: expected a printable string of at most 1024 characters")
+        return value
+
+    def choice(self, key: str, default: str, choices: tuple[str, ...]) -> str:
+        value = self._get(key, default)
+        if value not in choices:
+            raise PolicyError(f"{self._at(key)}: {value!r} is not one of {', '.join(choices)}")
+        return value
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self._get(key, default)
+        if not isinstance(value, bool):
+            raise PolicyError(f"{self._at(key)}: expected true or false, got {value!r}")
+        return value
+
+    def number(self, key: str, default: float, *, low: float, high: float) -> float:
+        value = self._get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or not low <= value <= high:
+            raise PolicyError(f"{self._at(key)}: expected a number in [{low:g}, {high:g}], got {value!r}")
+        return float(value)
+
+    def integer(self, key: str, default: int, *, low: int, high: int) -> int:
+        value = self._get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise PolicyError(f"{self._at(key)}: expected an integer in [{low}, {high}], got {value!r}")
+        return value
+
+    def mapping(self, key: str) -> Mapping[str, Any]:
+        value = self._get(key, {})
+        if not isinstance(value, Mapping):
+            raise PolicyError(f"{self._at(key)}: expected a mapping, got {type(value).__name__}")
+        return value
+
+    def sequence(self, key: str, max_len: int) -> list[Any]:
+        value = self._get(key, [])
+        if not isinstance(value, list):
+            raise PolicyError(f"{self._at(key)}: expected a list, got {type(value).__name__}")
+        if len(value) > max_len:
+            raise PolicyError(f"{self._at(key)}: {len(value)} entries; at most {max_len}")
+        return value
+
+    def names(self, key: str, known: frozenset[str] | set[str] | None, *, what: str,
+              one_or_many: bool = False) -> list[str]:
+        value = self._get(key, [])
+        if one_or_many and isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or len(value) > 1000:
+            raise PolicyError(f"{self._at(key)}: expected a list of {what}s")
+        for item in value:
+            if not isinstance(item, str) or not NAME_PATTERN.match(item):
+                raise PolicyError(f"{self._at(key)}: {item!r} is not a valid {what}")
+            if known is not None and item not in known:
+                raise PolicyError(f"{self._at(key)}: unknown {what} {item!r}; known: {', '.join(sorted(known))}")
+        return list(value)
+
+    def finish(self) -> None:
+        unknown = sorted(set(self.doc) - self.read)
+        if unknown:
+            raise PolicyError(f"{self._at(unknown[0])}: unknown key (misspelt?)")

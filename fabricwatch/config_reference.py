@@ -88,7 +88,7 @@ def schema_rows(model, prefix: str = "", flatten: bool = False) -> list[tuple[st
             default = f.default
         meaning = f.description or ""
         bounds = [m for m in f.metadata if isinstance(m, Within)]
-        if bounds:
+        if bounds and bounds[0].low != bounds[0].high:
             meaning += f" ({bounds[0]})"
         older = [k for k in keys_of(model) if k not in model.model_fields and
                  k in getattr(f.validation_alias, "choices", ())]
@@ -123,52 +123,13 @@ def _switch_sections() -> list[tuple[str, list]]:
             ("The `credentials` file:", schema_rows(sc.Credentials))]
 
 # ---------------------------------------------------------------------- the response policy
-# The keys `actions/policy.py` reads outside `rules`, `executors` and `alerts` (those are
-# described with examples in docs/actions.md), with their meanings; `policy_keys` finds the
-# keys and defaults in the parser itself, so a new key cannot slip past this page.
-POLICY_KEY_MEANINGS = {
-    "version": "policy format version",
-    "mode": "`shadow` (record what would be done) or `execute`",
-    "execute": "action kinds allowed to run when `mode: execute`",
-    "dashboard_url": "links in alerts",
-    "guards.breaker.max_fraction": "nodes drained per executor domain and window: this fraction of `fleet_size`",
-    "guards.breaker.min_count": "... but at least this many nodes",
-    "guards.breaker.window_s": "the blast-radius window, seconds",
-    "guards.breaker.fleet_size": "nodes in the executor's domain (0: unknown, the node limit is `min_count`)",
-    "guards.breaker.max_jobs_restarted": "jobs restarted (exclude_and_restart, and jobs a drain or requeue moved) "
-                                         "per executor domain and window",
-    "guards.breaker.max_ports_isolated": "switch ports isolated per fabric and window",
-    "guards.cooldown_s": "the same action on the same target (its cluster ignored) at most once in this long",
-    "guards.quiet_period_s": "undo a drain or isolation after this long without anomalies on it",
-    "guards.flap_window_s": "window of `flap_max_undos`",
-    "guards.flap_max_undos": "undos within `flap_window_s` after which a target stays drained for a human",
-    "guards.kill_switch": "stop all execution",
-    "guards.kill_switch_file": "stop all execution while this file exists",
-    "guards.max_anomaly_age_s": "anomalies older than this (detection, emission or arrival) are alerted on, "
-                                "never acted on (`REFUSED_STALE`)",
-}
+def policy_rows() -> list[tuple[str, object, str]]:
+    """The policy's keys outside rules/executors/alerts (docs/actions.md has those), from its schema."""
+    from fabricwatch.actions.policy import PolicyFile
 
+    return [row for row in schema_rows(PolicyFile, flatten=True)
+            if row[0].split(".")[0] not in ("rules", "executors", "alerts")]
 
-def policy_keys() -> list[tuple[str, object]]:
-    """(dotted key, default) of every policy key outside rules/executors/alerts, as the parser reads them."""
-    from fabricwatch.actions import policy
-
-    seen: list[tuple[str, object]] = []
-    original = policy._Section._get
-
-    def recording(self, key, default):
-        path = self._at(key)
-        if not path.startswith(("rules", "executors", "alerts")) and \
-                not isinstance(default, dict) and path not in dict(seen):
-            seen.append((path, default))
-        return original(self, key, default)
-
-    policy._Section._get = recording
-    try:
-        policy.parse_policy("")
-    finally:
-        policy._Section._get = original
-    return [(key, default) for key, default in seen if key not in ("rules",)]
 
 ENVIRONMENT = [
     ("FABRICWATCH_STATE", "`.fabricwatch`", "default `--state-dir` of `up` and `kafka`"),
@@ -260,8 +221,7 @@ def undocumented_keys() -> list[str]:
     missing += [f"tokens: {k}" for k, _, m in schema_rows(TokenEntry) if not m]
     missing += [f"topology: {k}" for model in (tf.TopologyFile, tf.SwitchEntry, tf.NicPortEntry, tf.LinkEntry)
                 for k, _, m in schema_rows(model) if not m]
-    missing += [f"policy: {k}" for k, _ in policy_keys() if k not in POLICY_KEY_MEANINGS]
-    missing += [f"policy: {k} (documented, not read)" for k in sorted(set(POLICY_KEY_MEANINGS) - dict(policy_keys()).keys())]
+    missing += [f"policy: {k}" for k, _, m in policy_rows() if not m]
     return missing
 
 
@@ -354,10 +314,7 @@ def render() -> str:
         "dropped, default 1000, and `executors.restart.verify_argv`, the placement check the",
         "restart command/webhook needs) are described with examples in `docs/actions.md`.",
         "",
-        "| key | default | meaning |",
-        "|---|---|---|",
-        *[f"| `{k}` | {_cell(_yaml_default(k, v))} | {_cell(POLICY_KEY_MEANINGS.get(k, ''))} |"
-          for k, v in policy_keys()],
+        *_key_table(policy_rows()),
         "",
         "## Topology file (`--topology`)",
         "",

@@ -54,6 +54,9 @@ class Section(BaseModel):
             return {}
         if not isinstance(data, Mapping):
             raise ValueError(f"expected a mapping, got {type(data).__name__}")
+        for key in data:
+            if not isinstance(key, str):
+                raise ValueError(f"keys must be strings, got {key!r}")
         allowed = list(keys_of(cls))
         unknown = sorted(str(k) for k in data if k not in allowed)
         if unknown:
@@ -189,10 +192,10 @@ class GatewayConnection(Section):
 _TYPE_WORDS = {"bool_type": "true or false", "int_type": "an integer", "float_type": "a number",
                "string_type": "a string", "list_type": "a list", "tuple_type": "a list",
                "dict_type": "a mapping", "model_type": "a mapping", "literal_error": None,
-               "finite_number": "a finite number"}
+               "finite_number": "a number"}
 
 
-def _path(loc: tuple, data: Any, where: str) -> str:
+def _path(loc: tuple, data: Any, where: str, name_items: bool = True) -> str:
     """``switches[0] (leaf-01).tls.ca`` from pydantic's loc, naming list items by their ``name``."""
     out, node = where, data
     for part in loc:
@@ -200,7 +203,7 @@ def _path(loc: tuple, data: Any, where: str) -> str:
             out += f"[{part}]"
             node = node[part] if isinstance(node, list) and part < len(node) else None
             name = node.get("name") if isinstance(node, Mapping) else None
-            if isinstance(name, str) and name:
+            if name_items and isinstance(name, str) and name:
                 out += f" ({name})"
         else:
             out = f"{out}.{part}" if out else str(part)
@@ -224,16 +227,18 @@ def _message(error: dict) -> str:
 
 
 def validate(model: type[BaseModel], data: Any, *, where: str = "", error: type[ValueError] = ValueError,
-             base: Path | str | None = None):
+             base: Path | str | None = None, root: str = "config", name_items: bool = True):
     """`model` from a YAML document, or `error` naming the first bad key's path.
 
     `base`: resolve relative file paths against this folder and require the files to exist.
+    `root`: what the path of the document itself is called; `name_items`: follow a list
+    index with the item's ``name`` (``switches[0] (leaf-01)``).
     """
     try:
         return model.model_validate(data, context={"base": base})
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         first = errors[0]
-        path = _path(first["loc"][:-1] if first["type"] == "missing" else first["loc"], data, where)
+        path = _path(first["loc"][:-1] if first["type"] == "missing" else first["loc"], data, where, name_items)
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise error(f"{path or 'config'}: {_message(first)}{more}") from None
+        raise error(f"{path or root}: {_message(first)}{more}") from None

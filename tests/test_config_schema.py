@@ -40,7 +40,7 @@ def test_older_spellings_of_the_gateway_keys_still_load(tmp_path):
     ({"target": "127.0.0.1"}, r"^gateway.target: target '127.0.0.1' is not host:port"),
     ({"target": "127.0.0.1:1", "client_cert": 7}, r"^gateway.client_cert: expected a string, got 7"),
     ({"target": "127.0.0.1:1", "max_batch": 0}, r"^gateway.max_batch: expected an integer in 1..10000, got 0"),
-    ({"target": "127.0.0.1:1", "linger_s": float("nan")}, r"^gateway.linger_s: expected a finite number"),
+    ({"target": "127.0.0.1:1", "linger_s": float("nan")}, r"^gateway.linger_s: expected a number, got nan"),
     ({"target": "127.0.0.1:1", "max_batch": True}, r"^gateway.max_batch: expected an integer, got True"),
     ({"target": "127.0.0.1:1", "ca_crt": "/ca"}, r"^gateway: unknown key 'ca_crt' \(allowed: target, token_file"),
 ])
@@ -75,7 +75,7 @@ def test_hostile_shapes_fail_cleanly():
                         ({"intervals": "fast"}, r"^intervals: expected a mapping, got str"),
                         ({"ethtool": {"allow": ["ok", ""]}}, r"^ethtool.allow\[1\]: expected a non-empty string"),
                         ({"nvml": deep}, r"^nvml: unknown key 'x'"),
-                        ({1: 2}, r"^config: unknown key '1'")):
+                        ({1: 2}, r"^config: keys must be strings, got 1")):
         with pytest.raises(ConfigError, match=error):
             NodeConfig.from_dict(data)
     with pytest.raises(ValueError, match=r"^gateway: expected a mapping, got int"):
@@ -141,3 +141,18 @@ def test_topology_files_round_trip_and_name_the_bad_entry(tmp_path):
             topology_from_dict(broken)
     with pytest.raises(TopologyError, match="cannot read the topology"):
         load_topology(tmp_path / "missing.yaml")
+
+
+def test_policy_errors_name_the_path_without_item_labels():
+    from fabricwatch.actions.policy import PolicyError, parse_policy
+
+    for text, error in (("[1]", r"^policy: expected a mapping, got list"),
+                        ("rules: [{name: a, match: {kind: [pfc_storm, pfc_storm2]}, actions: [alert]}]",
+                         r"^rules\[0\].match.kind: unknown anomaly kind 'pfc_storm2'"),
+                        ("rules: [{name: a, match: {}, actions: [alert, alert]}]",
+                         r"^rules\[0\].actions: an action is listed twice"),
+                        ("guards: {breaker: {min_count: 1.5}}", r"^guards.breaker.min_count: expected an integer")):
+        with pytest.raises(PolicyError, match=error):
+            parse_policy(text)
+    guards = parse_policy("guards: {breaker: {fleet_size: 1000, max_fraction: 0.05}}").guards
+    assert guards.breaker.limit == 50 and guards.cooldown_s == 1800.0
