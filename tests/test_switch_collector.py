@@ -451,7 +451,7 @@ def test_example_config_in_deploy_is_valid(tmp_path, monkeypatch):
     data = __import__("yaml").safe_load(text)
     # the example points at /etc paths; validate it with those files stubbed under tmp_path
     for section in [data.get("gateway", {}), data.get("defaults", {}), *data["switches"]]:
-        for key in ("ca", "token_file", "credentials"):
+        for key in ("ca", "ca_cert", "token_file", "credentials"):
             if section.get(key):
                 section[key] = str(write(tmp_path / Path(section[key]).name, "u" if key == "token_file" else
                                          "username: u\npassword: p\n" if key == "credentials" else "x"))
