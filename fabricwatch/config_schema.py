@@ -191,8 +191,8 @@ class GatewayConnection(Section):
 # -- validation with fabricwatch's messages ---------------------------------------------------
 _TYPE_WORDS = {"bool_type": "true or false", "int_type": "an integer", "float_type": "a number",
                "string_type": "a string", "list_type": "a list", "tuple_type": "a list",
-               "dict_type": "a mapping", "model_type": "a mapping", "literal_error": None,
-               "finite_number": "a number"}
+               "dict_type": "a mapping", "model_type": "a mapping", "finite_number": "a number"}
+MAX_MESSAGE_CHARS = 600     # a hostile file's megabyte value is not echoed back whole
 
 
 def _path(loc: tuple, data: Any, where: str, name_items: bool = True) -> str:
@@ -241,4 +241,7 @@ def validate(model: type[BaseModel], data: Any, *, where: str = "", error: type[
         first = errors[0]
         path = _path(first["loc"][:-1] if first["type"] == "missing" else first["loc"], data, where, name_items)
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise error(f"{path or root}: {_message(first)}{more}") from None
+        text = f"{path or root}: {_message(first)}"
+        if len(text) > MAX_MESSAGE_CHARS:
+            text = text[:MAX_MESSAGE_CHARS - 3] + "..."
+        raise error(text + more) from None

@@ -156,3 +156,11 @@ def test_policy_errors_name_the_path_without_item_labels():
             parse_policy(text)
     guards = parse_policy("guards: {breaker: {fleet_size: 1000, max_fraction: 0.05}}").guards
     assert guards.breaker.limit == 50 and guards.cooldown_s == 1800.0
+
+
+def test_a_huge_value_is_not_echoed_back_whole():
+    with pytest.raises(ConfigError) as err:
+        NodeConfig.from_dict({"sources": {"nvml": "x" * 1_000_000}, "intervals": {"nvml": ["y"] * 100_000}})
+    message = str(err.value)
+    assert message.startswith("intervals.nvml: expected a number, got ['y'") and len(message) < 700
+    assert message.endswith("(and 1 more)")
