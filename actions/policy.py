@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -39,6 +38,7 @@ from fabricwatch.config_schema import Section, Within, validate
 from fabricwatch.models.findings import CRITICAL, INFO, WARNING
 from fabricwatch.protos.v1 import events_pb2 as ev
 
+from .alerts.dispatch import DEFAULT_MAX_BACKLOG
 from .base import ACTION_KINDS, ALERT, UNDO_OF
 from .guards import JOBS, NODES, PORTS
 
@@ -175,9 +175,9 @@ class Policy:
     mode: str = SHADOW
     execute: frozenset[str] = frozenset()
     guards: Guards = field(default_factory=Guards)
-    # Backend settings, validated by `actions.wiring` which knows each backend's options.
-    executors: Mapping[str, Any] = field(default_factory=dict)
-    alerts: Mapping[str, Any] = field(default_factory=dict)
+    # Backend settings: `actions.wiring` builds the executors and sinks they name.
+    executors: ExecutorsSection = field(default_factory=lambda: ExecutorsSection())
+    alerts: AlertsSection = field(default_factory=lambda: AlertsSection())
     dashboard_url: str = ""
 
     def executes(self, action: str) -> bool:
@@ -288,6 +288,95 @@ class RuleSection(Section):
         return actions
 
 
+# -- backends: each executor's and alert sink's own keys (built by `actions.wiring`) ---------
+Argv = Annotated[list[str], Field(max_length=64)]
+Backlog = Annotated[int, Within(1, 1_000_000)]   # default: DEFAULT_MAX_BACKLOG
+BACKLOG_MEANING = "alerts queued for this sink before the oldest are dropped (counted)"
+
+
+class SlurmSection(Section):
+    scontrol: Text = Field("scontrol", description="the `scontrol` command")
+    squeue: Text = Field("squeue", description="the `squeue` command")
+    slurm_conf: Text = Field("", description="`SLURM_CONF` for the commands (empty: the environment's)")
+    command_timeout_s: Annotated[float, Within(0.1, 600.0)] = Field(10.0, description="one command's deadline, s")
+    cluster_name: Text = Field("", description="the breaker domain's name (empty: the cluster name in `slurm.conf`)")
+
+
+class KubernetesSection(Section):
+    kubeconfig: Text = Field("", description="kubeconfig file (empty: `$KUBECONFIG` or `~/.kube/config`)")
+    context: Text = Field("", description="kubeconfig context (empty: the current one)")
+    in_cluster: bool = Field(False, description="use the pod's service account instead of a kubeconfig")
+    request_timeout_s: Annotated[float, Within(1.0, 600.0)] = Field(30.0, description="one API call's deadline, s")
+
+
+class RestartSection(Section):
+    argv: Argv = Field(default_factory=list, description="argv template (no shell) that restarts a job without a node: "
+                                                         "`{job}`, `{node}`, `{rank}`, `{reason}`, "
+                                                         "`{idempotency_key}` filled in")
+    verify_argv: Argv = Field(default_factory=list, description="argv template (`{job}`, `{node}`) that confirms the job "
+                                                                "runs on the node; required to execute through "
+                                                                "this executor")
+    webhook_url: Text = Field("", description="instead of `argv`: POST the request here, HMAC-signed (https, "
+                                                 "or http to loopback)")
+    webhook_secret_env: Text = Field("", description="environment variable holding the webhook's HMAC secret "
+                                                     "(required with `webhook_url`)")
+    timeout_s: Annotated[float, Within(0.1, 3600.0)] = Field(60.0, description="one restart's deadline, s")
+
+
+class ExecutorsSection(Section):
+    scheduler: Annotated[str, _one_of("none", "slurm", "kubernetes")] = Field(
+        "none", description="who drains nodes and requeues jobs: `none`, `slurm` or `kubernetes`")
+    slurm: SlurmSection = Field(default_factory=SlurmSection, description="with `scheduler: slurm`")
+    kubernetes: KubernetesSection = Field(default_factory=KubernetesSection,
+                                          description="with `scheduler: kubernetes`")
+    restart: RestartSection | None = Field(None, description="the exclude_and_restart executor (a command or "
+                                                             "a webhook)")
+    switch_collector_config: Text = Field("", description="a switch collector config: isolate_port sets ports "
+                                                          "down on its switches over gNMI")
+
+
+class AlertmanagerSection(Section):
+    urls: Annotated[list[Text], Field(min_length=1, max_length=16)] = Field(
+        description="Alertmanager base URLs (each gets every alert)")
+    resend_interval_s: Annotated[float, Within(1.0, 3600.0)] = Field(
+        60.0, description="re-post firing alerts this often, s")
+    max_backlog: Backlog = Field(DEFAULT_MAX_BACKLOG, description=BACKLOG_MEANING)
+
+
+class PagerDutySection(Section):
+    routing_key_env: Text = Field(description="environment variable holding the routing key")
+    url: Text = Field("https://events.pagerduty.com/v2/enqueue", description="Events API v2 endpoint")
+    max_backlog: Backlog = Field(DEFAULT_MAX_BACKLOG, description=BACKLOG_MEANING)
+
+
+class SlackSection(Section):
+    webhook_url_env: Text = Field(description="environment variable holding the incoming-webhook URL")
+    max_backlog: Backlog = Field(DEFAULT_MAX_BACKLOG, description=BACKLOG_MEANING)
+
+
+class FeishuSection(Section):
+    webhook_url_env: Text = Field(description="environment variable holding the bot webhook URL")
+    secret_env: Text = Field("", description="environment variable holding the signing secret (optional)")
+    msg_type: Text = Field("post", description="Feishu message type")
+    max_backlog: Backlog = Field(DEFAULT_MAX_BACKLOG, description=BACKLOG_MEANING)
+
+
+class WeComSection(Section):
+    webhook_url_env: Text = Field(description="environment variable holding the bot webhook URL")
+    msg_type: Text = Field("markdown", description="WeCom message type")
+    mentioned: Annotated[list[str], _names(None, "user id")] = Field(default_factory=list,
+                                                                     description="user ids to @-mention")
+    max_backlog: Backlog = Field(DEFAULT_MAX_BACKLOG, description=BACKLOG_MEANING)
+
+
+class AlertsSection(Section):
+    alertmanager: AlertmanagerSection | None = Field(None, description="Prometheus Alertmanager")
+    pagerduty: PagerDutySection | None = Field(None, description="PagerDuty Events API v2")
+    slack: SlackSection | None = Field(None, description="Slack incoming webhook")
+    feishu: FeishuSection | None = Field(None, description="Feishu (Lark) bot")
+    wecom: WeComSection | None = Field(None, description="WeCom bot")
+
+
 class PolicyFile(Section):
     version: Annotated[int, Within(1, 1)] = Field(1, description="policy format version")
     mode: Annotated[str, _one_of(SHADOW, EXECUTE)] = Field(
@@ -296,9 +385,8 @@ class PolicyFile(Section):
         default_factory=list, description="action kinds allowed to run when `mode: execute`")
     rules: Annotated[list[RuleSection], Field(max_length=MAX_RULES)] = Field(default_factory=list)
     guards: Guards = Field(default_factory=Guards)
-    # Backend settings, validated by `actions.wiring` which knows each backend's options.
-    executors: dict[str, Any] = Field(default_factory=dict)
-    alerts: dict[str, Any] = Field(default_factory=dict)
+    executors: ExecutorsSection = Field(default_factory=ExecutorsSection)
+    alerts: AlertsSection = Field(default_factory=AlertsSection)
     dashboard_url: Text = Field("", description="links in alerts")
 
     @model_validator(mode="after")

@@ -74,10 +74,16 @@ def schema_rows(model, prefix: str = "", flatten: bool = False) -> list[tuple[st
 
     rows = []
     for name, f in model.model_fields.items():
-        nested = f.annotation if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel) else None
+        # a section, or an optional one (``X | None``: off unless given, so it keeps its own row)
+        candidates = (f.annotation, *getattr(f.annotation, "__args__", ()))
+        nested = next((a for a in candidates if isinstance(a, type) and issubclass(a, BaseModel)), None)
         if flatten and nested is not None:
-            rows += schema_rows(nested, f"{prefix}{name}.", flatten=True)
-            continue
+            inner = schema_rows(nested, f"{prefix}{name}.", flatten=True)
+            if nested is f.annotation:
+                rows += inner
+                continue
+        else:
+            inner = []
         if (_owner(model, name), name) in _SCHEMA_DEFAULTS:
             default: object = _Rule(_SCHEMA_DEFAULTS[(_owner(model, name), name)])
         elif f.default_factory is not None:
@@ -95,6 +101,7 @@ def schema_rows(model, prefix: str = "", flatten: bool = False) -> list[tuple[st
         if older:
             meaning += "; also accepted as " + ", ".join(f"`{k}`" for k in older)
         rows.append((f"{prefix}{name}", default, meaning))
+        rows += inner
     return rows
 
 
@@ -123,6 +130,13 @@ def _switch_sections() -> list[tuple[str, list]]:
             ("The `credentials` file:", schema_rows(sc.Credentials))]
 
 # ---------------------------------------------------------------------- the response policy
+def backend_rows() -> list[tuple[str, object, str]]:
+    """The keys of the policy's `executors` and `alerts` sections, from its schema."""
+    from fabricwatch.actions.policy import PolicyFile
+
+    return [row for row in schema_rows(PolicyFile, flatten=True) if row[0].split(".")[0] in ("executors", "alerts")]
+
+
 def policy_rows() -> list[tuple[str, object, str]]:
     """The policy's keys outside rules/executors/alerts (docs/actions.md has those), from its schema."""
     from fabricwatch.actions.policy import PolicyFile
@@ -221,7 +235,7 @@ def undocumented_keys() -> list[str]:
     missing += [f"tokens: {k}" for k, _, m in schema_rows(TokenEntry) if not m]
     missing += [f"topology: {k}" for model in (tf.TopologyFile, tf.SwitchEntry, tf.NicPortEntry, tf.LinkEntry)
                 for k, _, m in schema_rows(model) if not m]
-    missing += [f"policy: {k}" for k, _, m in policy_rows() if not m]
+    missing += [f"policy: {k}" for k, _, m in policy_rows() + backend_rows() if not m]
     return missing
 
 
@@ -309,12 +323,15 @@ def render() -> str:
         "## Response policy (`fabricwatch respond --policy`)",
         "",
         "YAML, validated before the responder starts (`actions/policy.py`; unknown keys, wrong",
-        "types and out-of-range numbers are refused with their path). `rules`, `executors` and",
-        "`alerts` (including each sink's `max_backlog`, alerts queued before the oldest are",
-        "dropped, default 1000, and `executors.restart.verify_argv`, the placement check the",
-        "restart command/webhook needs) are described with examples in `docs/actions.md`.",
+        "types and out-of-range numbers are refused with their path). `rules` are described with",
+        "examples in `docs/actions.md`, as are the executors and alert sinks below. Secrets are",
+        "never in the file: `*_env` keys name the environment variable that holds them.",
         "",
         *_key_table(policy_rows()),
+        "",
+        "`executors` and `alerts` (a sink is on when its section is given):",
+        "",
+        *_key_table(backend_rows()),
         "",
         "## Topology file (`--topology`)",
         "",

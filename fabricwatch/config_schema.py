@@ -42,7 +42,7 @@ TOKEN_ENV = "FABRICWATCH_TOKEN"
 
 
 class Section(BaseModel):
-    """One mapping of a config file: frozen, strict, no unknown keys, ``null`` = default."""
+    """One mapping of a config file: frozen, strict, no unknown keys, ``null``/``{}`` = default."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False,
                               populate_by_name=True, validate_default=False)
@@ -62,7 +62,8 @@ class Section(BaseModel):
         if unknown:
             raise ValueError(f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
                              f"(allowed: {', '.join(k for k in allowed if k in cls.model_fields)})")
-        return {k: v for k, v in data.items() if v is not None}
+        # null and {} mean "the defaults" (an optional section left empty stays off)
+        return {k: v for k, v in data.items() if v is not None and not (isinstance(v, Mapping) and not v)}
 
 
 def keys_of(model: type[BaseModel]):

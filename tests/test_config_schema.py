@@ -61,7 +61,8 @@ def test_switch_files_are_resolved_and_must_exist(tmp_path):
 
 def test_the_switch_token_comes_from_the_environment_only_without_token_keys(tmp_path, monkeypatch):
     monkeypatch.setenv("FABRICWATCH_TOKEN", "from-env")
-    assert parse_config({"gateway": {}, "switches": [SWITCH]}, tmp_path).gateway.token == "from-env"
+    assert parse_config({"gateway": {"target": "127.0.0.1:50051"}, "switches": [SWITCH]}, tmp_path).gateway.token == "from-env"
+    assert parse_config({"gateway": {}, "switches": [SWITCH]}, tmp_path).gateway is None    # empty: off
     assert parse_config({"gateway": {"token": "t"}, "switches": [SWITCH]}, tmp_path).gateway.token == "t"
     # the node collector reads no environment: its token is in its config
     assert NodeConfig.from_dict({}).sender_config().token == ""
@@ -164,3 +165,30 @@ def test_a_huge_value_is_not_echoed_back_whole():
     message = str(err.value)
     assert message.startswith("intervals.nvml: expected a number, got ['y'") and len(message) < 700
     assert message.endswith("(and 1 more)")
+
+
+@pytest.mark.parametrize("text, error", [
+    ("executors: {scheduler: slurm, slurm: {scontrl: x}}", r"^executors.slurm: unknown key 'scontrl'"),
+    ("executors: {restart: {argv: [/bin/true, 3]}}", r"^executors.restart.argv\[1\]: expected a string, got 3"),
+    ("executors: {restart: {webhook_url: 'https://x'}}", r"^executors.restart.webhook_secret_env: required"),
+    ("alerts: {pagerduty: {routing_key_env: FABRICWATCH_TEST_UNSET}}",
+     r"^alerts.pagerduty.routing_key_env: environment variable FABRICWATCH_TEST_UNSET is not set"),
+    ("alerts: {alertmanager: {urls: []}}", r"^alerts.alertmanager.urls: expected a non-empty list"),
+    ("alerts: {wecom: {webhook_url_env: X, mentioned: ['bad id']}}", r"^alerts.wecom.mentioned: 'bad id' is not"),
+])
+def test_policy_backend_sections_are_on_the_schema(text, error, monkeypatch):
+    from fabricwatch.actions.policy import PolicyError, parse_policy
+    from fabricwatch.actions.wiring import build
+
+    monkeypatch.delenv("FABRICWATCH_TEST_UNSET", raising=False)
+    with pytest.raises(PolicyError, match=error):
+        build(parse_policy(text))
+
+
+def test_an_empty_backend_section_is_off_and_a_backlog_is_kept():
+    from fabricwatch.actions.policy import parse_policy
+    from fabricwatch.actions.wiring import build
+
+    assert build(parse_policy("executors: {restart: {}}\nalerts: {slack: {}}")).sinks == []
+    backends = build(parse_policy("alerts: {alertmanager: {urls: ['http://127.0.0.1:9093'], max_backlog: 5}}"))
+    assert backends.alert_backlog == {"alertmanager": 5}
