@@ -1,7 +1,8 @@
 """The response policy: which anomalies lead to which actions, and whether they execute.
 
-A policy file is YAML, checked completely before anything starts; every mistake is named
-with its path (``rules[2].match.kind: unknown anomaly kind 'pfc'``). Nothing executes
+A policy file is YAML, checked completely before anything starts against its schema
+(`PolicyFile`, `fabricwatch.config_schema` sections); every mistake is named with its path
+(``rules[2].match.kind: unknown anomaly kind 'pfc'``). Nothing executes
 unless the file says so twice: ``mode: execute`` *and* the action kind listed under
 ``execute``. Otherwise each decision is recorded as "would have done X" (shadow mode).
 Alerts are not actions on the cluster: they are sent in both modes.
