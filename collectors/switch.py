@@ -7,8 +7,9 @@ deploy/switch-collector.example.yaml, schema in `.switch_config`) lists the swit
 each with its gNMI target, profile, TLS and credentials file, and the ingest gateway to
 send to.
 
-This module imports nothing heavy, so the CLI can register the subcommand cheaply; the
-gRPC/gNMI machinery is imported when the command runs.
+This module imports only the config schema (pydantic, which the CLI loads anyway for the
+policy), so the CLI can register the subcommand cheaply; the gRPC/gNMI machinery is
+imported when the command runs.
 """
 from __future__ import annotations
 
