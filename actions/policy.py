@@ -1,7 +1,8 @@
 """The response policy: which anomalies lead to which actions, and whether they execute.
 
-A policy file is YAML, checked completely before anything starts; every mistake is named
-with its path (``rules[2].match.kind: unknown anomaly kind 'pfc'``). Nothing executes
+A policy file is YAML, checked completely before anything starts against its schema
+(`PolicyFile`, `fabricwatch.config_schema` sections); every mistake is named with its path
+(``rules[2].match.kind: unknown anomaly kind 'pfc'``). Nothing executes
 unless the file says so twice: ``mode: execute`` *and* the action kind listed under
 ``execute``. Otherwise each decision is recorded as "would have done X" (shadow mode).
 Alerts are not actions on the cluster: they are sent in both modes.
@@ -26,16 +27,19 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
+
+from fabricwatch.config_schema import Section, Within, validate
 
 from fabricwatch.models.findings import CRITICAL, INFO, WARNING
 from fabricwatch.protos.v1 import events_pb2 as ev
 
+from .alerts.dispatch import DEFAULT_MAX_BACKLOG
 from .base import ACTION_KINDS, ALERT, UNDO_OF
 from .guards import JOBS, NODES, PORTS
 
@@ -117,17 +121,27 @@ class Rule:
     actions: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class BreakerConfig:
+Seconds = Annotated[float, Within(0.0, 30 * 86400.0)]
+
+
+class BreakerConfig(Section):
     """Blast-radius limits per executor domain (a Slurm cluster, a Kubernetes cluster, a
     fabric) and window: nodes drained, jobs restarted, ports isolated, each counted apart."""
 
-    max_fraction: float = BREAKER_MAX_FRACTION
-    min_count: int = BREAKER_MIN_COUNT
-    window_s: float = BREAKER_WINDOW_S
-    fleet_size: int = 0          # nodes in the domain; 0: unknown, the node limit is min_count
-    max_jobs_restarted: int = BREAKER_MAX_JOBS_RESTARTED
-    max_ports_isolated: int = BREAKER_MAX_PORTS_ISOLATED
+    max_fraction: Annotated[float, Within(0.0, 1.0)] = Field(
+        BREAKER_MAX_FRACTION, description="nodes drained per executor domain and window: this fraction of "
+                                          "`fleet_size`")
+    min_count: Annotated[int, Within(0, 100_000)] = Field(BREAKER_MIN_COUNT,
+                                                          description="... but at least this many nodes")
+    window_s: Annotated[float, Within(1.0, 7 * 86400.0)] = Field(BREAKER_WINDOW_S,
+                                                                 description="the blast-radius window, seconds")
+    fleet_size: Annotated[int, Within(0, 10_000_000)] = Field(
+        0, description="nodes in the executor's domain (0: unknown, the node limit is `min_count`)")
+    max_jobs_restarted: Annotated[int, Within(0, 100_000)] = Field(
+        BREAKER_MAX_JOBS_RESTARTED, description="jobs restarted (exclude_and_restart, and jobs a drain or requeue "
+                                                "moved) per executor domain and window")
+    max_ports_isolated: Annotated[int, Within(0, 100_000)] = Field(
+        BREAKER_MAX_PORTS_ISOLATED, description="switch ports isolated per fabric and window")
 
     @property
     def limit(self) -> int:
@@ -139,16 +153,21 @@ class BreakerConfig:
         return {NODES: self.limit, JOBS: self.max_jobs_restarted, PORTS: self.max_ports_isolated}
 
 
-@dataclass(frozen=True)
-class Guards:
-    breaker: BreakerConfig = BreakerConfig()
-    cooldown_s: float = COOLDOWN_S
-    quiet_period_s: float = QUIET_PERIOD_S        # undo a drain after this long without anomalies on it
-    flap_window_s: float = FLAP_WINDOW_S
-    flap_max_undos: int = FLAP_MAX_UNDOS          # beyond this many undos in the window: stays drained
-    kill_switch: bool = False
-    kill_switch_file: str = ""                    # its existence stops every execution
-    max_anomaly_age_s: float = MAX_ANOMALY_AGE_S  # older anomalies are alerted on, not executed
+class Guards(Section):
+    breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+    cooldown_s: Seconds = Field(COOLDOWN_S, description="the same action on the same target (its cluster "
+                                                        "ignored) at most once in this long")
+    quiet_period_s: Seconds = Field(QUIET_PERIOD_S, description="undo a drain or isolation after this long "
+                                                                "without anomalies on it")
+    flap_window_s: Annotated[float, Within(0.0, 90 * 86400.0)] = Field(
+        FLAP_WINDOW_S, description="window of `flap_max_undos`")
+    flap_max_undos: Annotated[int, Within(0, 1000)] = Field(
+        FLAP_MAX_UNDOS, description="undos within `flap_window_s` after which a target stays drained for a human")
+    kill_switch: bool = Field(False, description="stop all execution")
+    kill_switch_file: Text = Field("", description="stop all execution while this file exists")
+    max_anomaly_age_s: Annotated[float, Within(1.0, 7 * 86400.0)] = Field(
+        MAX_ANOMALY_AGE_S, description="anomalies older than this (detection, emission or arrival) are alerted "
+                                       "on, never acted on (`REFUSED_STALE`)")
 
 
 @dataclass(frozen=True)
@@ -156,10 +175,10 @@ class Policy:
     rules: tuple[Rule, ...] = ()
     mode: str = SHADOW
     execute: frozenset[str] = frozenset()
-    guards: Guards = Guards()
-    # Backend settings, validated by `actions.wiring` which knows each backend's options.
-    executors: Mapping[str, Any] = field(default_factory=dict)
-    alerts: Mapping[str, Any] = field(default_factory=dict)
+    guards: Guards = field(default_factory=Guards)
+    # Backend settings: `actions.wiring` builds the executors and sinks they name.
+    executors: ExecutorsSection = field(default_factory=lambda: ExecutorsSection())
+    alerts: AlertsSection = field(default_factory=lambda: AlertsSection())
     dashboard_url: str = ""
 
     def executes(self, action: str) -> bool:
@@ -198,6 +217,189 @@ def load_policy(path: str | Path) -> Policy:
         raise PolicyError(f"{path}: {exc}") from None
 
 
+def _printable(value: str) -> str:
+    if len(value) > 1024 or not value.isprintable():
+        raise ValueError("expected a printable string of at most 1024 characters")
+    return value
+
+
+def _one_of(*choices: str):
+    def check(value: str) -> str:
+        if value not in choices:
+            raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
+        return value
+    return AfterValidator(check)
+
+
+def _names(known: frozenset[str] | None, what: str):
+    """A list of names (each NAME_PATTERN), all in `known` when given."""
+    def check(value: list[str]) -> list[str]:
+        if len(value) > 1000:
+            raise ValueError(f"expected a list of {what}s")
+        for item in value:
+            if not NAME_PATTERN.match(item):
+                raise ValueError(f"{item!r} is not a valid {what}")
+            if known is not None and item not in known:
+                raise ValueError(f"unknown {what} {item!r}; known: {', '.join(sorted(known))}")
+        return value
+    return AfterValidator(check)
+
+
+def _rule_name(value: str) -> str:
+    if not NAME_PATTERN.match(value):
+        raise ValueError(f"{value!r} must match {NAME_PATTERN.pattern}")
+    return value
+
+
+def _one_or_many(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+Text = Annotated[str, AfterValidator(_printable)]
+OneOrMany = BeforeValidator(_one_or_many)
+GpuHours = Annotated[float, Within(0.0, MAX_IMPACT_GPU_HOURS)]
+ActionKinds = Annotated[list[str], _names(ACTION_KINDS - set(UNDO_OF), "action kind")]
+
+
+class MatchSection(Section):
+    kind: Annotated[list[str], OneOrMany, _names(ANOMALY_KINDS, "anomaly kind")] = Field(
+        default_factory=list, description="anomaly kinds (one or a list; none: any)")
+    min_severity: Annotated[str, _one_of(*SEVERITY_RANK)] = Field(WARNING, description="least severity")
+    scope: Annotated[str, _one_of(*SCOPES)] = Field(SCOPE_ANY, description="the entity the anomaly must name")
+    cause: Annotated[list[str], OneOrMany, _names(CAUSE_CODES, "cause code")] = Field(
+        default_factory=list, description="cause codes (none: any)")
+    cluster: Annotated[list[str], OneOrMany, _names(None, "cluster")] = Field(
+        default_factory=list, description="clusters (none: any)")
+    min_impact_gpu_hours: GpuHours = Field(0.0, description="GPU-hours lost so far")
+    min_impact_gpu_hours_per_hour: GpuHours = Field(0.0, description="GPU-hours lost per hour while open")
+
+
+class RuleSection(Section):
+    name: Annotated[str, AfterValidator(_rule_name)] = Field(description="rule name, unique")
+    match: MatchSection = Field(default_factory=MatchSection)
+    actions: ActionKinds = Field(description="what to do, in order")
+
+    @field_validator("actions")
+    @classmethod
+    def _some_action(cls, actions: list[str]) -> list[str]:
+        if not actions:
+            raise ValueError("at least one action is required")
+        if len(set(actions)) != len(actions):
+            raise ValueError("an action is listed twice")
+        return actions
+
+
+# -- backends: each executor's and alert sink's own keys (built by `actions.wiring`) ---------
+Argv = Annotated[list[str], Field(max_length=64)]
+Backlog = Annotated[int, Within(1, 1_000_000)]   # default: DEFAULT_MAX_BACKLOG
+BACKLOG_MEANING = "alerts queued for this sink before the oldest are dropped (counted)"
+
+
+class SlurmSection(Section):
+    scontrol: Text = Field("scontrol", description="the `scontrol` command")
+    squeue: Text = Field("squeue", description="the `squeue` command")
+    slurm_conf: Text = Field("", description="`SLURM_CONF` for the commands (empty: the environment's)")
+    command_timeout_s: Annotated[float, Within(0.1, 600.0)] = Field(10.0, description="one command's deadline, s")
+    cluster_name: Text = Field("", description="the breaker domain's name (empty: the cluster name in `slurm.conf`)")
+
+
+class KubernetesSection(Section):
+    kubeconfig: Text = Field("", description="kubeconfig file (empty: `$KUBECONFIG` or `~/.kube/config`)")
+    context: Text = Field("", description="kubeconfig context (empty: the current one)")
+    in_cluster: bool = Field(False, description="use the pod's service account instead of a kubeconfig")
+    request_timeout_s: Annotated[float, Within(1.0, 600.0)] = Field(30.0, description="one API call's deadline, s")
+
+
+class RestartSection(Section):
+    argv: Argv = Field(default_factory=list, description="argv template (no shell) that restarts a job without a node: "
+                                                         "`{job}`, `{node}`, `{rank}`, `{reason}`, "
+                                                         "`{idempotency_key}` filled in")
+    verify_argv: Argv = Field(default_factory=list, description="argv template (`{job}`, `{node}`) that confirms the job "
+                                                                "runs on the node; required to execute through "
+                                                                "this executor")
+    webhook_url: Text = Field("", description="instead of `argv`: POST the request here, HMAC-signed (https, "
+                                                 "or http to loopback)")
+    webhook_secret_env: Text = Field("", description="environment variable holding the webhook's HMAC secret "
+                                                     "(required with `webhook_url`)")
+    timeout_s: Annotated[float, Within(0.1, 3600.0)] = Field(60.0, description="one restart's deadline, s")
+
+
+class ExecutorsSection(Section):
+    scheduler: Annotated[str, _one_of("none", "slurm", "kubernetes")] = Field(
+        "none", description="who drains nodes and requeues jobs: `none`, `slurm` or `kubernetes`")
+    slurm: SlurmSection = Field(default_factory=SlurmSection, description="with `scheduler: slurm`")
+    kubernetes: KubernetesSection = Field(default_factory=KubernetesSection,
+                                          description="with `scheduler: kubernetes`")
+    restart: RestartSection | None = Field(None, description="the exclude_and_restart executor (a command or "
+                                                             "a webhook)")
+    switch_collector_config: Text = Field("", description="a switch collector config: isolate_port sets ports "
+                                                          "down on its switches over gNMI")
+
+
+class AlertmanagerSection(Section):
+    urls: Annotated[list[Text], Field(min_length=1, max_length=16)] = Field(
+        description="Alertmanager base URLs (each gets every alert)")
+    resend_interval_s: Annotated[float, Within(1.0, 3600.0)] = Field(
+        60.0, description="re-post firing alerts this often, s")
+    max_backlog: Backlog = Field(DEFAULT_MAX_BACKLOG, description=BACKLOG_MEANING)
+
+
+class PagerDutySection(Section):
+    routing_key_env: Text = Field(description="environment variable holding the routing key")
+    url: Text = Field("https://events.pagerduty.com/v2/enqueue", description="Events API v2 endpoint")
+    max_backlog: Backlog = Field(DEFAULT_MAX_BACKLOG, description=BACKLOG_MEANING)
+
+
+class SlackSection(Section):
+    webhook_url_env: Text = Field(description="environment variable holding the incoming-webhook URL")
+    max_backlog: Backlog = Field(DEFAULT_MAX_BACKLOG, description=BACKLOG_MEANING)
+
+
+class FeishuSection(Section):
+    webhook_url_env: Text = Field(description="environment variable holding the bot webhook URL")
+    secret_env: Text = Field("", description="environment variable holding the signing secret (optional)")
+    msg_type: Text = Field("post", description="Feishu message type")
+    max_backlog: Backlog = Field(DEFAULT_MAX_BACKLOG, description=BACKLOG_MEANING)
+
+
+class WeComSection(Section):
+    webhook_url_env: Text = Field(description="environment variable holding the bot webhook URL")
+    msg_type: Text = Field("markdown", description="WeCom message type")
+    mentioned: Annotated[list[str], _names(None, "user id")] = Field(default_factory=list,
+                                                                     description="user ids to @-mention")
+    max_backlog: Backlog = Field(DEFAULT_MAX_BACKLOG, description=BACKLOG_MEANING)
+
+
+class AlertsSection(Section):
+    alertmanager: AlertmanagerSection | None = Field(None, description="Prometheus Alertmanager")
+    pagerduty: PagerDutySection | None = Field(None, description="PagerDuty Events API v2")
+    slack: SlackSection | None = Field(None, description="Slack incoming webhook")
+    feishu: FeishuSection | None = Field(None, description="Feishu (Lark) bot")
+    wecom: WeComSection | None = Field(None, description="WeCom bot")
+
+
+class PolicyFile(Section):
+    version: Annotated[int, Within(1, 1)] = Field(1, description="policy format version")
+    mode: Annotated[str, _one_of(SHADOW, EXECUTE)] = Field(
+        SHADOW, description="`shadow` (record what would be done) or `execute`")
+    execute: Annotated[list[str], _names(ACTION_KINDS - {ALERT} - set(UNDO_OF), "action kind")] = Field(
+        default_factory=list, description="action kinds allowed to run when `mode: execute`")
+    rules: Annotated[list[RuleSection], Field(max_length=MAX_RULES)] = Field(default_factory=list)
+    guards: Guards = Field(default_factory=Guards)
+    executors: ExecutorsSection = Field(default_factory=ExecutorsSection)
+    alerts: AlertsSection = Field(default_factory=AlertsSection)
+    dashboard_url: Text = Field("", description="links in alerts")
+
+    @model_validator(mode="after")
+    def _unique_rule_names(self) -> PolicyFile:
+        seen: set[str] = set()
+        for i, rule in enumerate(self.rules):
+            if rule.name in seen:
+                raise ValueError(f"rules[{i}].name: duplicate rule name {rule.name!r}")
+            seen.add(rule.name)
+        return self
+
+
 def parse_policy(text: str) -> Policy:
     if len(text.encode("utf-8", "replace")) > MAX_POLICY_BYTES:
         raise PolicyError(f"policy larger than {MAX_POLICY_BYTES} bytes")
@@ -205,164 +407,11 @@ def parse_policy(text: str) -> Policy:
         doc = yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise PolicyError(f"not valid YAML: {exc}") from None
-    if doc is None:
-        doc = {}
-    top = _Section(doc, "")
-    version = top.integer("version", 1, low=1, high=1)
-    del version
-    mode = top.choice("mode", SHADOW, (SHADOW, EXECUTE))
-    execute = frozenset(top.names("execute", ACTION_KINDS - {ALERT} - set(UNDO_OF), what="action kind"))
-    rules = tuple(_rule(item, f"rules[{i}]") for i, item in enumerate(top.sequence("rules", MAX_RULES)))
-    seen: set[str] = set()
-    for i, rule in enumerate(rules):
-        if rule.name in seen:
-            raise PolicyError(f"rules[{i}].name: duplicate rule name {rule.name!r}")
-        seen.add(rule.name)
-    guards = _guards(top.mapping("guards"), "guards")
-    executors = top.mapping("executors")
-    alerts = top.mapping("alerts")
-    dashboard_url = top.text("dashboard_url", "")
-    top.finish()
-    return Policy(rules=rules, mode=mode, execute=execute, guards=guards, executors=executors, alerts=alerts,
-                  dashboard_url=dashboard_url)
-
-
-def _rule(item: Any, path: str) -> Rule:
-    sec = _Section(item, path)
-    name = sec.text("name", None)
-    if not NAME_PATTERN.match(name):
-        raise PolicyError(f"{path}.name: {name!r} must match {NAME_PATTERN.pattern}")
-    m = _Section(sec.mapping("match"), f"{path}.match")
-    kinds = m.names("kind", ANOMALY_KINDS, what="anomaly kind", one_or_many=True)
-    match = Match(
-        kinds=frozenset(kinds),
-        min_severity=m.choice("min_severity", WARNING, tuple(SEVERITY_RANK)),
-        scope=m.choice("scope", SCOPE_ANY, SCOPES),
-        causes=frozenset(m.names("cause", CAUSE_CODES, what="cause code", one_or_many=True)),
-        clusters=frozenset(m.names("cluster", None, what="cluster", one_or_many=True)),
-        min_impact_gpu_hours=m.number("min_impact_gpu_hours", 0.0, low=0.0, high=MAX_IMPACT_GPU_HOURS),
-        min_impact_gpu_hours_per_hour=m.number("min_impact_gpu_hours_per_hour", 0.0, low=0.0,
-                                               high=MAX_IMPACT_GPU_HOURS),
-    )
-    m.finish()
-    actions = tuple(sec.names("actions", ACTION_KINDS - set(UNDO_OF), what="action kind"))
-    if not actions:
-        raise PolicyError(f"{path}.actions: at least one action is required")
-    if len(set(actions)) != len(actions):
-        raise PolicyError(f"{path}.actions: an action is listed twice")
-    sec.finish()
-    return Rule(name=name, match=match, actions=actions)
-
-
-def _guards(doc: Mapping[str, Any], path: str) -> Guards:
-    sec = _Section(doc, path)
-    b = _Section(sec.mapping("breaker"), f"{path}.breaker")
-    breaker = BreakerConfig(
-        max_fraction=b.number("max_fraction", BREAKER_MAX_FRACTION, low=0.0, high=1.0),
-        min_count=b.integer("min_count", BREAKER_MIN_COUNT, low=0, high=100_000),
-        window_s=b.number("window_s", BREAKER_WINDOW_S, low=1.0, high=7 * 86400.0),
-        fleet_size=b.integer("fleet_size", 0, low=0, high=10_000_000),
-        max_jobs_restarted=b.integer("max_jobs_restarted", BREAKER_MAX_JOBS_RESTARTED, low=0, high=100_000),
-        max_ports_isolated=b.integer("max_ports_isolated", BREAKER_MAX_PORTS_ISOLATED, low=0, high=100_000),
-    )
-    b.finish()
-    guards = Guards(
-        breaker=breaker,
-        cooldown_s=sec.number("cooldown_s", COOLDOWN_S, low=0.0, high=30 * 86400.0),
-        quiet_period_s=sec.number("quiet_period_s", QUIET_PERIOD_S, low=0.0, high=30 * 86400.0),
-        flap_window_s=sec.number("flap_window_s", FLAP_WINDOW_S, low=0.0, high=90 * 86400.0),
-        flap_max_undos=sec.integer("flap_max_undos", FLAP_MAX_UNDOS, low=0, high=1000),
-        kill_switch=sec.boolean("kill_switch", False),
-        kill_switch_file=sec.text("kill_switch_file", ""),
-        max_anomaly_age_s=sec.number("max_anomaly_age_s", MAX_ANOMALY_AGE_S, low=1.0, high=7 * 86400.0),
-    )
-    sec.finish()
-    return guards
-
-
-class _Section:
-    """Typed, path-aware reads from one YAML mapping; `finish` refuses keys nobody read."""
-
-    def __init__(self, doc: Any, path: str):
-        if not isinstance(doc, Mapping):
-            raise PolicyError(f"{path or 'policy'}: expected a mapping, got {type(doc).__name__}")
-        for key in doc:
-            if not isinstance(key, str):
-                raise PolicyError(f"{path or 'policy'}: keys must be strings, got {key!r}")
-        self.doc, self.path = doc, path
-        self.read: set[str] = set()
-
-    def _at(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def _get(self, key: str, default: Any) -> Any:
-        self.read.add(key)
-        if key not in self.doc or self.doc[key] is None:
-            if default is None:
-                raise PolicyError(f"{self._at(key)}: required")
-            return default
-        return self.doc[key]
-
-    def text(self, key: str, default: str | None) -> str:
-        value = self._get(key, default)
-        if not isinstance(value, str) or len(value) > 1024 or not value.isprintable():
-            raise PolicyError(f"{self._at(key)}: expected a printable string of at most 1024 characters")
-        return value
-
-    def choice(self, key: str, default: str, choices: tuple[str, ...]) -> str:
-        value = self._get(key, default)
-        if value not in choices:
-            raise PolicyError(f"{self._at(key)}: {value!r} is not one of {', '.join(choices)}")
-        return value
-
-    def boolean(self, key: str, default: bool) -> bool:
-        value = self._get(key, default)
-        if not isinstance(value, bool):
-            raise PolicyError(f"{self._at(key)}: expected true or false, got {value!r}")
-        return value
-
-    def number(self, key: str, default: float, *, low: float, high: float) -> float:
-        value = self._get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or not low <= value <= high:
-            raise PolicyError(f"{self._at(key)}: expected a number in [{low:g}, {high:g}], got {value!r}")
-        return float(value)
-
-    def integer(self, key: str, default: int, *, low: int, high: int) -> int:
-        value = self._get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise PolicyError(f"{self._at(key)}: expected an integer in [{low}, {high}], got {value!r}")
-        return value
-
-    def mapping(self, key: str) -> Mapping[str, Any]:
-        value = self._get(key, {})
-        if not isinstance(value, Mapping):
-            raise PolicyError(f"{self._at(key)}: expected a mapping, got {type(value).__name__}")
-        return value
-
-    def sequence(self, key: str, max_len: int) -> list[Any]:
-        value = self._get(key, [])
-        if not isinstance(value, list):
-            raise PolicyError(f"{self._at(key)}: expected a list, got {type(value).__name__}")
-        if len(value) > max_len:
-            raise PolicyError(f"{self._at(key)}: {len(value)} entries; at most {max_len}")
-        return value
-
-    def names(self, key: str, known: frozenset[str] | set[str] | None, *, what: str,
-              one_or_many: bool = False) -> list[str]:
-        value = self._get(key, [])
-        if one_or_many and isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or len(value) > 1000:
-            raise PolicyError(f"{self._at(key)}: expected a list of {what}s")
-        for item in value:
-            if not isinstance(item, str) or not NAME_PATTERN.match(item):
-                raise PolicyError(f"{self._at(key)}: {item!r} is not a valid {what}")
-            if known is not None and item not in known:
-                raise PolicyError(f"{self._at(key)}: unknown {what} {item!r}; known: {', '.join(sorted(known))}")
-        return list(value)
-
-    def finish(self) -> None:
-        unknown = sorted(set(self.doc) - self.read)
-        if unknown:
-            raise PolicyError(f"{self._at(unknown[0])}: unknown key (misspelt?)")
+    f = validate(PolicyFile, doc, error=PolicyError, root="policy", name_items=False)
+    rules = tuple(Rule(name=r.name, actions=tuple(r.actions), match=Match(
+        kinds=frozenset(r.match.kind), min_severity=r.match.min_severity, scope=r.match.scope,
+        causes=frozenset(r.match.cause), clusters=frozenset(r.match.cluster),
+        min_impact_gpu_hours=r.match.min_impact_gpu_hours,
+        min_impact_gpu_hours_per_hour=r.match.min_impact_gpu_hours_per_hour)) for r in f.rules)
+    return Policy(rules=rules, mode=f.mode, execute=frozenset(f.execute), guards=f.guards, executors=f.executors,
+                  alerts=f.alerts, dashboard_url=f.dashboard_url)

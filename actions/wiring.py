@@ -17,14 +17,12 @@ execute: drain_node is enabled but no executor handles it (set executors.schedul
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .alerts.base import AlertSink
-from .alerts.dispatch import DEFAULT_MAX_BACKLOG
 from .base import ACTION_KINDS, ALERT, UNDO_OF, Executor
-from .policy import EXECUTE, Policy, PolicyError, _Section
+from .policy import EXECUTE, AlertsSection, ExecutorsSection, Policy, PolicyError
 
 
 @dataclass
@@ -60,11 +58,11 @@ def build(policy: Policy) -> Backends:
     return backends
 
 
-def _secret(sec: _Section, key: str) -> str:
-    name = sec.text(key, None)
+def _secret(path: str, name: str) -> str:
+    """The value of environment variable `name` (a policy names secrets, never holds them)."""
     value = os.environ.get(name, "")
     if not value:
-        raise PolicyError(f"{sec._at(key)}: environment variable {name} is not set")
+        raise PolicyError(f"{path}: environment variable {name} is not set")
     return value
 
 
@@ -75,113 +73,67 @@ def _built(path: str, factory, *args, **kwargs) -> Any:
         raise PolicyError(f"{path}: {exc}") from None
 
 
-def _executors(doc: Mapping[str, Any]) -> dict[str, Executor]:
-    sec = _Section(doc, "executors")
-    scheduler = sec.choice("scheduler", "none", ("none", "slurm", "kubernetes"))
+def _executors(sec: ExecutorsSection) -> dict[str, Executor]:
     by_action: dict[str, Executor] = {}
-    slurm = _Section(sec.mapping("slurm"), "executors.slurm")
-    if scheduler == "slurm":
+    if sec.scheduler == "slurm":
         from .executors.slurm import SlurmExecutor
 
-        executor = _built("executors.slurm", SlurmExecutor, scontrol=slurm.text("scontrol", "scontrol"),
-                          squeue=slurm.text("squeue", "squeue"), slurm_conf=slurm.text("slurm_conf", ""),
-                          command_timeout_s=slurm.number("command_timeout_s", 10.0, low=0.1, high=600.0),
-                          cluster_name=slurm.text("cluster_name", ""))
+        s = sec.slurm
+        executor = _built("executors.slurm", SlurmExecutor, scontrol=s.scontrol, squeue=s.squeue,
+                          slurm_conf=s.slurm_conf, command_timeout_s=s.command_timeout_s, cluster_name=s.cluster_name)
         by_action.update({a: executor for a in executor.handles})
-        slurm.finish()
-    k8s = _Section(sec.mapping("kubernetes"), "executors.kubernetes")
-    if scheduler == "kubernetes":
+    if sec.scheduler == "kubernetes":
         from .executors.kubernetes import KubernetesExecutor
 
-        executor = _built("executors.kubernetes", KubernetesExecutor, kubeconfig=k8s.text("kubeconfig", ""),
-                          context=k8s.text("context", ""), in_cluster=k8s.boolean("in_cluster", False),
-                          request_timeout_s=k8s.number("request_timeout_s", 30.0, low=1.0, high=600.0))
+        k = sec.kubernetes
+        executor = _built("executors.kubernetes", KubernetesExecutor, kubeconfig=k.kubeconfig, context=k.context,
+                          in_cluster=k.in_cluster, request_timeout_s=k.request_timeout_s)
         by_action.update({a: executor for a in executor.handles})
-        k8s.finish()
-    restart = sec.mapping("restart")
-    if restart:
+    if sec.restart is not None:
         from .executors.command import CommandExecutor
 
-        r = _Section(restart, "executors.restart")
-        argv = r.sequence("argv", 64) or None
-        if argv is not None and not all(isinstance(a, str) for a in argv):
-            raise PolicyError("executors.restart.argv: expected a list of strings")
-        verify_argv = r.sequence("verify_argv", 64) or None
-        if verify_argv is not None and not all(isinstance(a, str) for a in verify_argv):
-            raise PolicyError("executors.restart.verify_argv: expected a list of strings")
-        webhook_url = r.text("webhook_url", "")
-        secret = _secret(r, "webhook_secret_env") if webhook_url else ""
-        executor = _built("executors.restart", CommandExecutor, argv, webhook_url=webhook_url,
-                          webhook_secret=secret, timeout_s=r.number("timeout_s", 60.0, low=0.1, high=3600.0),
-                          verify_argv=verify_argv)
-        r.finish()
+        r = sec.restart
+        if r.webhook_url and not r.webhook_secret_env:
+            raise PolicyError("executors.restart.webhook_secret_env: required with webhook_url")
+        secret = _secret("executors.restart.webhook_secret_env", r.webhook_secret_env) if r.webhook_url else ""
+        executor = _built("executors.restart", CommandExecutor, r.argv or None, webhook_url=r.webhook_url,
+                          webhook_secret=secret, timeout_s=r.timeout_s, verify_argv=r.verify_argv or None)
         by_action.update({a: executor for a in executor.handles})
-    switches = sec.text("switch_collector_config", "")
-    if switches:
+    if sec.switch_collector_config:
         from .executors.switch_port import SwitchPortExecutor
 
-        executor = _built("executors.switch_collector_config", SwitchPortExecutor.from_config, switches)
+        executor = _built("executors.switch_collector_config", SwitchPortExecutor.from_config,
+                          sec.switch_collector_config)
         by_action.update({a: executor for a in executor.handles})
-    sec.finish()
     unknown = set(by_action) - ACTION_KINDS
     assert not unknown, f"executors declare unknown actions {unknown}"
     by_action.pop(ALERT, None)
     return by_action
 
 
-def _backlog(s: _Section, name: str, backlog: dict[str, int]) -> None:
-    """A sink's `max_backlog`: alerts queued for it before the oldest are dropped (counted)."""
-    backlog[name] = s.integer("max_backlog", DEFAULT_MAX_BACKLOG, low=1, high=1_000_000)
-
-
-def _sinks(doc: Mapping[str, Any]) -> tuple[list[AlertSink], dict[str, int]]:
+def _sinks(sec: AlertsSection) -> tuple[list[AlertSink], dict[str, int]]:
     from .alerts.alertmanager import AlertmanagerSink
     from .alerts.feishu import FeishuSink
     from .alerts.pagerduty import PagerDutySink
     from .alerts.slack import SlackSink
     from .alerts.wecom import WeComSink
 
-    sec = _Section(doc, "alerts")
-    sinks: list[AlertSink] = []
-    backlog: dict[str, int] = {}
-    am = sec.mapping("alertmanager")
-    if am:
-        s = _Section(am, "alerts.alertmanager")
-        urls = s.sequence("urls", 16)
-        if not urls or not all(isinstance(u, str) for u in urls):
-            raise PolicyError("alerts.alertmanager.urls: expected a list of URLs")
-        sinks.append(_built("alerts.alertmanager", AlertmanagerSink, urls,
-                            resend_interval_s=s.number("resend_interval_s", 60.0, low=1.0, high=3600.0)))
-        _backlog(s, sinks[-1].name, backlog)
-        s.finish()
-    pd = sec.mapping("pagerduty")
-    if pd:
-        s = _Section(pd, "alerts.pagerduty")
-        url = s.text("url", "https://events.pagerduty.com/v2/enqueue")
-        sinks.append(_built("alerts.pagerduty", PagerDutySink, _secret(s, "routing_key_env"), url=url))
-        _backlog(s, sinks[-1].name, backlog)
-        s.finish()
-    slack = sec.mapping("slack")
-    if slack:
-        s = _Section(slack, "alerts.slack")
-        sinks.append(_built("alerts.slack", SlackSink, _secret(s, "webhook_url_env")))
-        _backlog(s, sinks[-1].name, backlog)
-        s.finish()
-    feishu = sec.mapping("feishu")
-    if feishu:
-        s = _Section(feishu, "alerts.feishu")
-        secret = _secret(s, "secret_env") if "secret_env" in feishu else ""
-        sinks.append(_built("alerts.feishu", FeishuSink, _secret(s, "webhook_url_env"), secret=secret,
-                            msg_type=s.text("msg_type", "post")))
-        _backlog(s, sinks[-1].name, backlog)
-        s.finish()
-    wecom = sec.mapping("wecom")
-    if wecom:
-        s = _Section(wecom, "alerts.wecom")
-        sinks.append(_built("alerts.wecom", WeComSink, _secret(s, "webhook_url_env"),
-                            msg_type=s.text("msg_type", "markdown"),
-                            mentioned=s.names("mentioned", None, what="user id")))
-        _backlog(s, sinks[-1].name, backlog)
-        s.finish()
-    sec.finish()
-    return sinks, backlog
+    built: list[tuple[AlertSink, int]] = []
+    if (am := sec.alertmanager) is not None:
+        built.append((_built("alerts.alertmanager", AlertmanagerSink, list(am.urls),
+                             resend_interval_s=am.resend_interval_s), am.max_backlog))
+    if (pd := sec.pagerduty) is not None:
+        built.append((_built("alerts.pagerduty", PagerDutySink,
+                             _secret("alerts.pagerduty.routing_key_env", pd.routing_key_env), url=pd.url),
+                      pd.max_backlog))
+    if (slack := sec.slack) is not None:
+        built.append((_built("alerts.slack", SlackSink, _secret("alerts.slack.webhook_url_env", slack.webhook_url_env)),
+                      slack.max_backlog))
+    if (fs := sec.feishu) is not None:
+        secret = _secret("alerts.feishu.secret_env", fs.secret_env) if fs.secret_env else ""
+        built.append((_built("alerts.feishu", FeishuSink, _secret("alerts.feishu.webhook_url_env", fs.webhook_url_env),
+                             secret=secret, msg_type=fs.msg_type), fs.max_backlog))
+    if (wc := sec.wecom) is not None:
+        built.append((_built("alerts.wecom", WeComSink, _secret("alerts.wecom.webhook_url_env", wc.webhook_url_env),
+                             msg_type=wc.msg_type, mentioned=list(wc.mentioned)), wc.max_backlog))
+    return [sink for sink, _ in built], {sink.name: backlog for sink, backlog in built}

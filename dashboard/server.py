@@ -331,12 +331,12 @@ async def _supervise_feed(settings: DashboardSettings, state: FabricState, statu
 
 async def serve(settings: DashboardSettings, on_ready=None) -> None:
     """Serve until SIGINT/SIGTERM."""
-    from fabricwatch.models.topology import Topology
+    from fabricwatch.topology_file import load_topology
 
     from .state import DashboardLimits
 
     install_reconnect_log_limits()
-    topology = Topology.load(settings.topology_path) if settings.topology_path else None
+    topology = load_topology(settings.topology_path) if settings.topology_path else None
     state = FabricState(topology, cluster=settings.cluster,
                         limits=DashboardLimits(history_points=settings.history_points),
                         stale_after_s=settings.stale_after_s)

@@ -35,9 +35,9 @@ METRICS_PORTS = {"gateway": 9701, "worker": 9702, "collect": 9703, "collect-swit
 def _load_topology(path: str | None):
     if not path:
         return None
-    from fabricwatch.models.topology import Topology
+    from fabricwatch.topology_file import load_topology
 
-    return Topology.load(path)
+    return load_topology(path)
 
 
 def _detection_config(args):

@@ -3,16 +3,16 @@
     python3 -m fabricwatch.config_reference --write      # regenerate docs/configuration.md
     python3 -m fabricwatch.config_reference --check      # exit 1 when the file is out of date
 
-The options and their defaults come from the argparse parsers (`fabricwatch.cli.build_parser`),
-the node collector's keys and defaults from its config dataclasses (`collectors/node_config.py`), the
-switch collector's keys from the key sets its loader accepts (`collectors/switch.py`). Only the
-one-line meanings of config keys live here, and `undocumented_keys` names any key the code
-accepts that has none, so a new key cannot slip past this page (tests/test_config_reference.py).
+The options and their defaults come from the argparse parsers (`fabricwatch.cli.build_parser`);
+the config files' keys, defaults, ranges and one-line meanings from their pydantic schemas
+(`fabricwatch.config_schema.Section` models: `collectors/node_config.py`,
+`collectors/switch_config.py`), whose loaders accept exactly those keys. `undocumented_keys`
+names any key without a meaning, so a new key cannot slip past this page
+(tests/test_config_reference.py).
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -42,143 +42,108 @@ _MEANINGS_WITHOUT_HELP = {
     "port": "broker port (127.0.0.1); the KRaft controller uses port + 1",
 }
 
-# ---------------------------------------------------------------------- node collector keys
-NODE_KEY_MEANINGS = {
-    "node_name": "the snapshot `source` and Kafka key; the token's `sources` globs must allow it",
-    "cluster": "cluster name (empty: the gateway's `--cluster`)",
-    "sysfs_root": "where sysfs is (tests point it at `tests/fixtures/sysfs/...`)",
-    "rediscover_s": "list ports, counter files and netdevs again after this long, seconds (1..86400)",
-    "gateway.target": "the gateway, `host:port`",
-    "gateway.token_file": "file holding the bearer token; required for a non-loopback target",
-    "gateway.ca_cert": "PEM of the CA of the gateway's certificate; required for a non-loopback target",
-    "gateway.client_cert": "mTLS: this collector's certificate (PEM), for a gateway run with `--client-ca`",
-    "gateway.client_key": "mTLS: the private key of `gateway.client_cert` (PEM)",
-    "gateway.server_name_override": "TLS name override (test certificates only)",
-    "gateway.max_buffered": "snapshots kept while the gateway is unreachable, oldest dropped (and counted) "
-                            "beyond (100..5,000,000); ~13.7 KB of memory each",
-    "gateway.max_batch": "snapshots per gRPC batch (1..10000)",
-    "gateway.linger_s": "group snapshots for this long before handing them to the sender, seconds (0..10)",
-    "gateway.flush_on_pause": "hand a group over at once when a port pauses (>= 10 % of a tick) or an XID arrived: storms do not wait for linger_s",
-    "intervals.ethtool_pfc": "PFC / pause counters (ethtool), seconds (0.01..3600)",
-    "intervals.ethtool": "ethtool phy, buffer and PCIe health counters, seconds",
-    "intervals.sysfs": "RDMA port counters, link state, netdev speed, NIC PCIe link, seconds",
-    "intervals.nvml": "GPUs, seconds (XID events go out with the next snapshot)",
-    "sources.sysfs": "read RDMA ports from sysfs (not all three sources off)",
-    "sources.ethtool": "read ethtool statistics of RoCE ports' netdevs",
-    "sources.nvml": "read GPUs through NVML (without a driver: one log line, the NIC sources go on)",
-    "ethtool.allow": "extra `ethtool -S` names or `fnmatch` globs, at `intervals.ethtool`",
-    "ethtool.allow_fast": "extra names or globs at `intervals.ethtool_pfc`",
-    "ethtool.recorded_dir": "testing and demos: read `<dir>/<ifname>.txt` (recorded `ethtool -S`) instead of the NIC",
-    "nvml.nvlink": "NVLink state and error counters",
-    "nvml.xid_events": "the XID event thread",
-    "nvml.slow_fields_s": "ECC, remapped rows, PCIe replay and NVLink error totals are read this often, seconds "
-                          "(the fast GPU fields follow `intervals.nvml`)",
-    "nvml.energy": "the `energy_mj` counter (~2.8 ms of CPU per GPU and read)",
+# ---------------------------------------------------------------------- schema-described files
+# Defaults that are rules rather than values (the field's own default is "" or 0).
+_SCHEMA_DEFAULTS = {
+    ("NodeConfig", "node_name"): "host name",
+    ("GatewayConnection", "token"): "env `FABRICWATCH_TOKEN` (`collect-switch` only)",
+    ("SwitchTls", "ca"): "system roots",
+    ("SwitchTls", "server_name"): "the target host",
+    ("GatewayConnection", "server_name"): "the target host",
+    ("SwitchDefaults", "auth"): "profile's",
+    ("SwitchDefaults", "encoding"): "profile's",
+    ("TokenEntry", "name"): "`collector-<index>`",
+    ("TokenEntry", "cluster"): "the gateway's `--cluster`",
 }
 
-# ---------------------------------------------------------------------- switch collector keys
-# (key, default, meaning) per section; the key sets must equal collectors/switch.py's.
-SWITCH_TOP = [
-    ("cluster", "`\"\"`", "cluster name (empty: the gateway's `--cluster`)"),
-    ("gateway", "none", "where to send (omit to only `--record`); keys below"),
-    ("defaults", "none", "keys applied to every switch (all `switches[]` keys but `name`, `target`)"),
-    ("switches", "required", "the list of switches; keys below"),
-]
-SWITCH_GATEWAY = [
-    ("target", "required", "`host:port` of `fabricwatch gateway`"),
-    ("ca", "none", "PEM of the gateway's CA; required unless the target is loopback"),
-    ("token_file", "none", "file holding the collector's bearer token (preferred over `token`)"),
-    ("token", "env `FABRICWATCH_TOKEN`", "the bearer token itself (one of `token`, `token_file`)"),
-    ("server_name", "the target host", "TLS name override, when the gateway certificate names another host"),
-    ("client_cert", "none", "this collector's certificate (PEM), for a gateway run with `--client-ca` (mTLS)"),
-    ("client_key", "none", "its private key (PEM); both or neither, and only with `ca`"),
-]
-SWITCH_SWITCH = [
-    ("name", "required", "switch name = snapshot `source`; unique"),
-    ("target", "required", "`host:port` of the switch's gNMI server; unique"),
-    ("profile", "`openconfig`", "`openconfig`, `sonic`, `arista`, `cumulus`"),
-    ("sample_interval_ms", "1000", "SAMPLE interval, sent in nanoseconds (10..3,600,000 ms)"),
-    ("heartbeat_interval_ms", "60000", "heartbeat of ON_CHANGE subscriptions; 0 = none"),
-    ("priorities", "`[0..7]`", "PFC priorities / queues to subscribe to and keep"),
-    ("credentials", "none", "YAML file `{username, password}`, mode 600"),
-    ("auth", "profile's", "`metadata`, `basic` (HTTP Basic) or `none`"),
-    ("encoding", "profile's", "`json_ietf`, `json`, `proto`, `ascii`, `bytes`"),
-    ("tls", "verify with system roots", "TLS settings; keys below"),
-    ("tick_quiet_ms", "0 (auto)", "fallback that closes a tick that never completes"),
-    ("stall_timeout_s", "0 (auto)", "reconnect when nothing arrives for this long (auto: max(3 intervals, 15 s))"),
-    ("backoff_initial_s", "0.5", "first reconnect delay, seconds (doubling, jittered)"),
-    ("backoff_max_s", "30", "longest reconnect delay, seconds"),
-]
-SWITCH_TLS = [
-    ("ca", "system roots", "PEM of the CA that signed the switch's certificate"),
-    ("server_name", "the target host", "name to check in the switch certificate"),
-    ("client_cert", "none", "mTLS client certificate (with `client_key`)"),
-    ("client_key", "none", "mTLS client key (with `client_cert`)"),
-    ("skip_verify", "false", "pin whatever certificate the switch presents (warned on every connect); excludes `ca`"),
-    ("plaintext", "false", "no TLS; loopback targets only"),
-]
-SWITCH_CREDENTIALS = [
-    ("username", "required", "gNMI user"),
-    ("password", "`\"\"`", "its password"),
-]
 
-# ---------------------------------------------------------------------- the gateway's tokens file
-TOKENS_KEYS = [
-    ("name", "`collector-<index>`", "the collector's name, in logs and rejection counts"),
-    ("token_sha256", "required", "SHA-256 of the bearer token, 64 lowercase hex digits (the token itself is never stored)"),
-    ("sources", "required", "non-empty list of `fnmatch` globs of the node / switch names it may report, and "
-                            "that its rank steps may name; the event feed shows it only events of these"),
-    ("cluster", "the gateway's `--cluster`", "the cluster stamped on every snapshot it sends (the snapshot's own "
-                                             "field is ignored); the feed shows it only this cluster's events"),
-]
+def _owner(model, name: str) -> str:
+    """The class of `model`'s MRO that declares field `name` (for `_SCHEMA_DEFAULTS`)."""
+    return next(c.__name__ for c in reversed(model.__mro__) if name in getattr(c, "__annotations__", {}))
+
+
+def schema_rows(model, prefix: str = "", flatten: bool = False) -> list[tuple[str, object, str]]:
+    """(key, default, meaning) of every key of a `config_schema.Section`, from its fields.
+
+    `flatten`: nested sections as dotted keys (``gateway.target``), else one row each.
+    """
+    from pydantic import BaseModel
+    from pydantic_core import PydanticUndefined
+
+    from fabricwatch.config_schema import Within, keys_of
+
+    rows = []
+    for name, f in model.model_fields.items():
+        # a section, or an optional one (``X | None``: off unless given, so it keeps its own row)
+        candidates = (f.annotation, *getattr(f.annotation, "__args__", ()))
+        nested = next((a for a in candidates if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if flatten and nested is not None:
+            inner = schema_rows(nested, f"{prefix}{name}.", flatten=True)
+            if nested is f.annotation:
+                rows += inner
+                continue
+        else:
+            inner = []
+        if (_owner(model, name), name) in _SCHEMA_DEFAULTS:
+            default: object = _Rule(_SCHEMA_DEFAULTS[(_owner(model, name), name)])
+        elif f.default_factory is not None:
+            default = f.default_factory()
+        elif f.default is PydanticUndefined:
+            default = _Rule("required")
+        else:
+            default = f.default
+        meaning = f.description or ""
+        bounds = [m for m in f.metadata if isinstance(m, Within)]
+        if bounds and bounds[0].low != bounds[0].high:
+            meaning += f" ({bounds[0]})"
+        older = [k for k in keys_of(model) if k not in model.model_fields and
+                 k in getattr(f.validation_alias, "choices", ())]
+        if older:
+            meaning += "; also accepted as " + ", ".join(f"`{k}`" for k in older)
+        rows.append((f"{prefix}{name}", default, meaning))
+        rows += inner
+    return rows
+
+
+class _Rule(str):
+    """A default stated as a rule (rendered as is, not as a YAML value)."""
+
+
+def node_config_keys() -> list[tuple[str, object]]:
+    """(dotted key, default) of every node collector config key, from its schema."""
+    from fabricwatch.collectors.node_config import NodeConfig
+
+    return [(k, d) for k, d, _ in schema_rows(NodeConfig, flatten=True)]
+
+
+def _switch_sections() -> list[tuple[str, list]]:
+    from fabricwatch.collectors import switch_config as sc
+    from fabricwatch.config_schema import GatewayConnection
+
+    own = [r for r in schema_rows(sc.SwitchEntry) if r[0] in ("name", "target")]
+    return [("Top level:", schema_rows(sc.SwitchCollectorFile)),
+            ("`gateway` (the same block as the node collector's `gateway`, without its batching keys):",
+             schema_rows(GatewayConnection)),
+            ("`switches[]` (and `defaults`; a switch's own keys win, `tls` is merged key by key):",
+             own + schema_rows(sc.SwitchDefaults)),
+            ("`tls`:", schema_rows(sc.SwitchTls)),
+            ("The `credentials` file:", schema_rows(sc.Credentials))]
 
 # ---------------------------------------------------------------------- the response policy
-# The keys `actions/policy.py` reads outside `rules`, `executors` and `alerts` (those are
-# described with examples in docs/actions.md), with their meanings; `policy_keys` finds the
-# keys and defaults in the parser itself, so a new key cannot slip past this page.
-POLICY_KEY_MEANINGS = {
-    "version": "policy format version",
-    "mode": "`shadow` (record what would be done) or `execute`",
-    "execute": "action kinds allowed to run when `mode: execute`",
-    "dashboard_url": "links in alerts",
-    "guards.breaker.max_fraction": "nodes drained per executor domain and window: this fraction of `fleet_size`",
-    "guards.breaker.min_count": "... but at least this many nodes",
-    "guards.breaker.window_s": "the blast-radius window, seconds",
-    "guards.breaker.fleet_size": "nodes in the executor's domain (0: unknown, the node limit is `min_count`)",
-    "guards.breaker.max_jobs_restarted": "jobs restarted (exclude_and_restart, and jobs a drain or requeue moved) "
-                                         "per executor domain and window",
-    "guards.breaker.max_ports_isolated": "switch ports isolated per fabric and window",
-    "guards.cooldown_s": "the same action on the same target (its cluster ignored) at most once in this long",
-    "guards.quiet_period_s": "undo a drain or isolation after this long without anomalies on it",
-    "guards.flap_window_s": "window of `flap_max_undos`",
-    "guards.flap_max_undos": "undos within `flap_window_s` after which a target stays drained for a human",
-    "guards.kill_switch": "stop all execution",
-    "guards.kill_switch_file": "stop all execution while this file exists",
-    "guards.max_anomaly_age_s": "anomalies older than this (detection, emission or arrival) are alerted on, "
-                                "never acted on (`REFUSED_STALE`)",
-}
+def backend_rows() -> list[tuple[str, object, str]]:
+    """The keys of the policy's `executors` and `alerts` sections, from its schema."""
+    from fabricwatch.actions.policy import PolicyFile
+
+    return [row for row in schema_rows(PolicyFile, flatten=True) if row[0].split(".")[0] in ("executors", "alerts")]
 
 
-def policy_keys() -> list[tuple[str, object]]:
-    """(dotted key, default) of every policy key outside rules/executors/alerts, as the parser reads them."""
-    from fabricwatch.actions import policy
+def policy_rows() -> list[tuple[str, object, str]]:
+    """The policy's keys outside rules/executors/alerts (docs/actions.md has those), from its schema."""
+    from fabricwatch.actions.policy import PolicyFile
 
-    seen: list[tuple[str, object]] = []
-    original = policy._Section._get
+    return [row for row in schema_rows(PolicyFile, flatten=True)
+            if row[0].split(".")[0] not in ("rules", "executors", "alerts")]
 
-    def recording(self, key, default):
-        path = self._at(key)
-        if not path.startswith(("rules", "executors", "alerts")) and \
-                not isinstance(default, dict) and path not in dict(seen):
-            seen.append((path, default))
-        return original(self, key, default)
-
-    policy._Section._get = recording
-    try:
-        policy.parse_policy("")
-    finally:
-        policy._Section._get = original
-    return [(key, default) for key, default in seen if key not in ("rules",)]
 
 ENVIRONMENT = [
     ("FABRICWATCH_STATE", "`.fabricwatch`", "default `--state-dir` of `up` and `kafka`"),
@@ -241,27 +206,18 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, tuple[argparse.Arg
     return {}
 
 
-def node_config_keys() -> list[tuple[str, str]]:
-    """(dotted key, default) of every node collector config key, from the dataclasses."""
-    from fabricwatch.collectors.node_config import NodeConfig
-
-    def walk(obj, prefix: str):
-        for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name)
-            if dataclasses.is_dataclass(value):
-                yield from walk(value, f"{prefix}{f.name}.")
-            else:
-                yield f"{prefix}{f.name}", value
-
-    return list(walk(NodeConfig(), ""))
-
-
 def _yaml_default(key: str, value) -> str:
-    if key == "node_name":
-        return "host name"
+    from pydantic import BaseModel
+
+    if isinstance(value, _Rule):
+        return str(value)
+    if value is None:
+        return "none"
+    if isinstance(value, BaseModel):      # a nested section: its keys' defaults
+        return "`{}`"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, tuple):
+    if isinstance(value, (tuple, list)):
         return "`[]`" if not value else f"`{list(value)}`"
     if value == "":
         return '`""`'
@@ -270,30 +226,32 @@ def _yaml_default(key: str, value) -> str:
 
 def undocumented_keys() -> list[str]:
     """Config keys the code accepts that this page does not describe (must stay empty)."""
-    from fabricwatch.collectors import switch
+    from fabricwatch import topology_file as tf
+    from fabricwatch.collectors.node_config import NodeConfig
+    from fabricwatch.streams.auth import TokenEntry
 
-    missing = [f"collect: {k}" for k, _ in node_config_keys() if k not in NODE_KEY_MEANINGS]
-    missing += [f"policy: {k}" for k, _ in policy_keys() if k not in POLICY_KEY_MEANINGS]
-    missing += [f"policy: {k} (documented, not read)" for k in sorted(set(POLICY_KEY_MEANINGS) - dict(policy_keys()).keys())]
-    for label, rows, keys in (("collect-switch top level", SWITCH_TOP, switch._TOP_KEYS),
-                              ("collect-switch gateway", SWITCH_GATEWAY, switch._GATEWAY_KEYS),
-                              ("collect-switch switches[]", SWITCH_SWITCH, switch._SWITCH_KEYS),
-                              ("collect-switch tls", SWITCH_TLS, switch._TLS_KEYS),
-                              ("collect-switch credentials", SWITCH_CREDENTIALS, switch._CREDENTIAL_KEYS)):
-        documented = {k for k, _, _ in rows}
-        missing += [f"{label}: {k} (accepted, not documented)" for k in sorted(set(keys) - documented)]
-        missing += [f"{label}: {k} (documented, not accepted)" for k in sorted(documented - set(keys))]
+    missing = [f"collect: {k}" for k, _, m in schema_rows(NodeConfig, flatten=True) if not m]
+    missing += [f"collect-switch: {k}" for _, rows in _switch_sections() for k, _, m in rows if not m]
+    missing += [f"tokens: {k}" for k, _, m in schema_rows(TokenEntry) if not m]
+    missing += [f"topology: {k}" for model in (tf.TopologyFile, tf.SwitchEntry, tf.NicPortEntry, tf.LinkEntry)
+                for k, _, m in schema_rows(model) if not m]
+    missing += [f"policy: {k}" for k, _, m in policy_rows() + backend_rows() if not m]
     return missing
 
 
 def _key_table(rows) -> list[str]:
     return ["| key | default | meaning |", "|---|---|---|"] + [
-        f"| `{k}` | {_cell(d)} | {_cell(m)} |" for k, d, m in rows]
+        f"| `{k}` | {_cell(_yaml_default(k, d))} | {_cell(m)} |" for k, d, m in rows]
 
 
 def render() -> str:
     """The whole of docs/configuration.md."""
     from fabricwatch.cli import build_parser
+    from fabricwatch.collectors.node_config import NodeConfig
+    from fabricwatch.config_schema import GatewayConnection
+    from fabricwatch.rank.reporter import GATEWAY_ENV
+    from fabricwatch import topology_file as tf
+    from fabricwatch.streams.auth import TokenEntry
 
     parser = build_parser()
     out = [
@@ -302,9 +260,16 @@ def render() -> str:
         f"Generated from the code by `{REGENERATE}`; do not edit by hand",
         "(`tests/test_config_reference.py` fails when this page is out of date).",
         "Every option of every `fabricwatch` subcommand with its default, then the keys of the",
-        "collector config files, of the gateway's tokens file and of the response policy's guard",
-        "rails. Deployment files that set",
+        "collector config files, of the gateway's tokens file, of the response policy's guard",
+        "rails, of the topology file and the rank SDK's environment. Deployment files that set",
         "them: `deploy/` (Compose, Helm, systemd); the operator's guide is `docs/operations.md`.",
+        "",
+        "Every config file is checked by one schema (`fabricwatch/config_schema.py`): unknown",
+        "keys, wrong types (`'yes'` is not `true`, `1.5` is not an integer) and values outside",
+        "the ranges below are refused at start, the path named first",
+        "(`switches[0] (leaf-01).tls.ca: no such file: ...`); `null` or `{}` means the default.",
+        "The collectors and the rank SDK share one gateway block (`target`, `token_file`/`token`,",
+        "`ca_cert`, `client_cert`/`client_key`, `server_name`), with the same rules everywhere.",
         "",
         "## Global options",
         "",
@@ -332,12 +297,7 @@ def render() -> str:
         "at start with the key named. Example: `deploy/collector.example.yaml`; details:",
         "`docs/collectors.md`.",
         "",
-        "| key | default | meaning |",
-        "|---|---|---|",
-    ]
-    for key, value in node_config_keys():
-        out.append(f"| `{key}` | {_cell(_yaml_default(key, value))} | {_cell(NODE_KEY_MEANINGS.get(key, ''))} |")
-    out += [
+        *_key_table(schema_rows(NodeConfig, flatten=True)),
         "",
         "## Switch collector config (`fabricwatch collect-switch --config`)",
         "",
@@ -345,26 +305,10 @@ def render() -> str:
         "config file's directory. Example: `deploy/switch-collector.example.yaml`; details:",
         "`docs/collectors-switch.md`.",
         "",
-        "Top level:",
-        "",
-        *_key_table(SWITCH_TOP),
-        "",
-        "`gateway`:",
-        "",
-        *_key_table(SWITCH_GATEWAY),
-        "",
-        "`switches[]` (and `defaults`; a switch's own keys win, `tls` is merged key by key):",
-        "",
-        *_key_table(SWITCH_SWITCH),
-        "",
-        "`tls`:",
-        "",
-        *_key_table(SWITCH_TLS),
-        "",
-        "The `credentials` file:",
-        "",
-        *_key_table(SWITCH_CREDENTIALS),
-        "",
+    ]
+    for title, rows in _switch_sections():
+        out += [title, "", *_key_table(rows), ""]
+    out += [
         "## Gateway tokens file (`fabricwatch gateway --tokens`)",
         "",
         "YAML with a `collectors` list; one entry per collector (`streams/auth.py`). A collector",
@@ -381,20 +325,42 @@ def render() -> str:
         "    cluster: gpu-east",
         "```",
         "",
-        *_key_table(TOKENS_KEYS),
+        *_key_table(schema_rows(TokenEntry)),
         "",
         "## Response policy (`fabricwatch respond --policy`)",
         "",
         "YAML, validated before the responder starts (`actions/policy.py`; unknown keys, wrong",
-        "types and out-of-range numbers are refused with their path). `rules`, `executors` and",
-        "`alerts` (including each sink's `max_backlog`, alerts queued before the oldest are",
-        "dropped, default 1000, and `executors.restart.verify_argv`, the placement check the",
-        "restart command/webhook needs) are described with examples in `docs/actions.md`.",
+        "types and out-of-range numbers are refused with their path). `rules` are described with",
+        "examples in `docs/actions.md`, as are the executors and alert sinks below. Secrets are",
+        "never in the file: `*_env` keys name the environment variable that holds them.",
         "",
-        "| key | default | meaning |",
+        *_key_table(policy_rows()),
+        "",
+        "`executors` and `alerts` (a sink is on when its section is given):",
+        "",
+        *_key_table(backend_rows()),
+        "",
+        "## Topology file (`--topology`)",
+        "",
+        "YAML (`docs/topology.md`, `fabricwatch/topology_file.py`); unknown keys and wrong types",
+        "are refused with the entry named, then the cabling is checked as a whole.",
+        "",
+    ]
+    for title, model in (("Top level:", tf.TopologyFile), ("`switches[]`:", tf.SwitchEntry),
+                         ("`nic_ports[]`:", tf.NicPortEntry), ("`links[]`:", tf.LinkEntry)):
+        out += [title, "", *_key_table(schema_rows(model)), ""]
+    out += [
+        "## Rank SDK (environment of the training processes)",
+        "",
+        "`fabricwatch.rank` reads the gateway block of the collectors (the same rules: TLS unless",
+        "the gateway is loopback, client certificate and key together) from the environment;",
+        "`FABRICWATCH_GATEWAY` unset: the reporter is a no-op. Details: `docs/rank-sdk.md`.",
+        "",
+        "| variable | key of the gateway block | meaning |",
         "|---|---|---|",
-        *[f"| `{k}` | {_cell(_yaml_default(k, v))} | {_cell(POLICY_KEY_MEANINGS.get(k, ''))} |"
-          for k, v in policy_keys()],
+        *[f"| `{GATEWAY_ENV[k]}` | `{k}` | {_cell(m.split('; also accepted')[0])} |"
+          for k, _, m in schema_rows(GatewayConnection)
+          if k in GATEWAY_ENV],
         "",
         "## Environment variables",
         "",

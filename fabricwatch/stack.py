@@ -72,9 +72,9 @@ class LocalStack:
 
         detection_config_of(self.args)   # refuse bad thresholds before starting anything
         if self.args.topology:
-            from fabricwatch.models.topology import Topology
+            from fabricwatch.topology_file import load_topology
 
-            Topology.load(self.args.topology)
+            load_topology(self.args.topology)
         from fabricwatch.streams.respond import load
 
         load(self.args.policy)   # a bad response policy is refused before anything starts (PolicyError)

@@ -1,7 +1,8 @@
 """The fabric topology: which NIC port meets which switch port, and how switches connect.
 
 Detectors need it to tell a PFC storm's source from its victims and to know each link's
-nominal rate. It is read from a YAML file (format in docs/topology.md) or generated for a
+nominal rate. It is read from a YAML file (format in docs/topology.md, loaded by
+`fabricwatch.topology_file`, whose schema keeps pydantic out of models/) or generated for a
 rail-optimised leaf/spine cluster (the layout of DGX SuperPODs: NIC rail r of every node
 in a scalable unit goes to leaf r of that unit; every leaf goes to every spine).
 
@@ -17,9 +18,6 @@ in a scalable unit goes to leaf r of that unit; every leaf goes to every spine).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-
-import yaml
 
 from .linkrate import parse_ib_rate
 
@@ -146,41 +144,6 @@ class Topology:
                 for l in self.links
             ],
         }
-
-    @classmethod
-    def from_dict(cls, doc: dict) -> Topology:
-        try:
-            switches = {s["name"]: Switch(str(s["name"]), str(s.get("role", "leaf"))) for s in doc["switches"]}
-            nics = [
-                NicPort(
-                    node=str(n["node"]), device=str(n["device"]), port=int(n.get("port", 1)),
-                    rail=int(n.get("rail", 0)), gpu_index=int(n.get("gpu_index", n.get("rail", 0))),
-                    netdev=str(n.get("netdev", "")), switch=str(n["switch"]),
-                    switch_port=str(n["switch_port"]),
-                    nominal_rate=str(n.get("nominal_rate", DEFAULT_NIC_RATE)),
-                )
-                for n in doc.get("nic_ports", [])
-            ]
-            links = [
-                SwitchLink(str(l["a_switch"]), str(l["a_port"]), str(l["b_switch"]), str(l["b_port"]),
-                           float(l.get("nominal_speed_gbps", 400.0)))
-                for l in doc.get("links", [])
-            ]
-            nodes = [str(n) for n in doc.get("nodes", sorted({n.node for n in nics}))]
-            return cls(str(doc.get("cluster", "default")), nodes, int(doc.get("gpus_per_node", 8)),
-                       switches, nics, links)
-        except (KeyError, TypeError, ValueError) as exc:
-            if isinstance(exc, TopologyError):
-                raise
-            raise TopologyError(f"malformed topology: {exc!r}") from exc
-
-    @classmethod
-    def load(cls, path: str | Path) -> Topology:
-        with open(path, encoding="utf-8") as fh:
-            doc = yaml.safe_load(fh)
-        if not isinstance(doc, dict):
-            raise TopologyError(f"{path}: expected a mapping at the top level")
-        return cls.from_dict(doc)
 
 
 def rail_optimised(

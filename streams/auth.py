@@ -25,15 +25,50 @@ import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import yaml
+from pydantic import AfterValidator, Field
+
+from fabricwatch.config_schema import AsText, NonEmpty, Section, validate
 
 #: A cluster name in a tokens file: what the gateway accepts as a snapshot's cluster.
 CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+=-]{0,252}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class AuthConfigError(ValueError):
     """A tokens file that cannot be used."""
+
+
+def _digest(value: str) -> str:
+    if not _SHA256.match(value):
+        raise ValueError("must be 64 lowercase hex digits (SHA-256 of the token)")
+    return value
+
+
+def _cluster(value: str) -> str:
+    if value and not CLUSTER_NAME.match(value):
+        raise ValueError(f"must be a cluster name ({CLUSTER_NAME.pattern}), got {value!r}")
+    return value
+
+
+class TokenEntry(Section):
+    """One collector of the tokens file."""
+
+    name: AsText = Field("", description="the collector's name, in logs and rejection counts")
+    token_sha256: Annotated[str, AfterValidator(_digest)] = Field(
+        description="SHA-256 of the bearer token, 64 lowercase hex digits (the token itself is never stored)")
+    sources: Annotated[list[NonEmpty], Field(min_length=1)] = Field(
+        description="non-empty list of `fnmatch` globs of the node / switch names it may report, and that its "
+                    "rank steps may name; the event feed shows it only events of these")
+    cluster: Annotated[str, AfterValidator(_cluster)] = Field(
+        "", description="the cluster stamped on every snapshot it sends (the snapshot's own field is ignored); "
+                        "the feed shows it only this cluster's events")
+
+
+class TokensFile(Section):
+    collectors: list[TokenEntry] = Field(description="one entry per collector")
 
 
 @dataclass(frozen=True)
@@ -76,28 +111,12 @@ class TokenAuth:
             doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError) as exc:
             raise AuthConfigError(f"{path}: cannot read tokens file: {exc}") from exc
-        if not isinstance(doc, dict) or not isinstance(doc.get("collectors"), list):
-            raise AuthConfigError(f"{path}: expected a mapping with a 'collectors' list")
-        collectors = []
-        for i, entry in enumerate(doc["collectors"]):
-            if not isinstance(entry, dict):
-                raise AuthConfigError(f"{path}: collectors[{i}] is not a mapping")
-            unknown = set(entry) - {"name", "token_sha256", "sources", "cluster"}
-            if unknown:
-                raise AuthConfigError(f"{path}: collectors[{i}] has unknown keys {sorted(unknown)}")
-            digest = str(entry.get("token_sha256", ""))
-            if len(digest) != 64 or any(ch not in "0123456789abcdef" for ch in digest):
-                raise AuthConfigError(f"{path}: collectors[{i}].token_sha256 must be 64 lowercase hex digits")
-            sources = entry.get("sources")
-            if not isinstance(sources, list) or not sources or not all(isinstance(s, str) and s for s in sources):
-                raise AuthConfigError(f"{path}: collectors[{i}].sources must be a non-empty list of globs")
-            cluster = entry.get("cluster", "")
-            if cluster and not (isinstance(cluster, str) and CLUSTER_NAME.match(cluster)):
-                raise AuthConfigError(f"{path}: collectors[{i}].cluster must be a cluster name "
-                                      f"({CLUSTER_NAME.pattern}), got {cluster!r}")
-            collectors.append(Collector(str(entry.get("name", f"collector-{i}")), digest, tuple(sources),
-                                        cluster or ""))
-        return cls(collectors)
+        try:
+            tokens = validate(TokensFile, doc, error=AuthConfigError)
+        except AuthConfigError as exc:
+            raise AuthConfigError(f"{path}: {exc}") from None
+        return cls([Collector(e.name or f"collector-{i}", e.token_sha256, tuple(e.sources), e.cluster)
+                    for i, e in enumerate(tokens.collectors)])
 
     @staticmethod
     def write(path: str | Path, name: str, token: str, sources: list[str], cluster: str = "") -> None:

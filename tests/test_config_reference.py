@@ -34,7 +34,7 @@ def test_every_subcommand_and_option_appears_with_its_default():
                     assert f"`{action.default}`" in row, (name, option, row)
 
 
-def test_node_collector_defaults_come_from_the_dataclasses():
+def test_node_collector_defaults_come_from_the_schema():
     keys = dict(config_reference.node_config_keys())
     assert keys["intervals.ethtool_pfc"] == 0.1 and keys["gateway.max_buffered"] == 10_000
     text = config_reference.render()

@@ -614,12 +614,12 @@ def test_backlog_read_switches_first_names_no_switch_root(tmp_path):
     NIC's alone: the locator's grace periods run on the partitions' low watermark, which the
     nodes' partition holds back."""
     episode = storm_then_straggler(tmp_path, seconds=6)
-    from fabricwatch.models.topology import Topology
     from fabricwatch.streams.codec import pause_change_from_json, pause_change_to_json
     from fabricwatch.streams.decode import snapshot_batch
     from fabricwatch.streams.source_stage import SourceStage
+    from fabricwatch.topology_file import load_topology
 
-    pipeline = DetectionPipeline(topology=Topology.load(episode.topology_file))
+    pipeline = DetectionPipeline(topology=load_topology(episode.topology_file))
     switches, nodes = (SourceStage(pipeline.config, pipeline.topology, pipeline.facts, "telemetry", p, 2)
                        for p in (0, 1))
     flat = [s for tick in episode.ticks for s in tick]

@@ -574,7 +574,7 @@ def test_cost_is_reported_per_node_snapshot():
 
 def test_topology_from_a_file_with_irregular_names():
     """A hand-written topology: no spines, 2 GPUs per node, node names of very different length."""
-    from fabricwatch.models.topology import Topology
+    from fabricwatch.topology_file import topology_from_dict
     nodes = ["a", "gpu-node-with-a-much-longer-name"]
     doc = {
         "cluster": "lab", "gpus_per_node": 2, "nodes": nodes,
@@ -584,7 +584,7 @@ def test_topology_from_a_file_with_irregular_names():
                       for i, n in enumerate(nodes) for r in range(2)],
         "links": [],
     }
-    topo = Topology.from_dict(doc)
+    topo = topology_from_dict(doc)
     rec = Recorder(ClusterSimulator(topo, seed=1, start_unix_ns=START, interval_s=0.5), 12)
     steps = rec.rank_steps()
     assert steps and {r.node for r in steps} == set(nodes) and {r.world_size for r in steps} == {4}

@@ -416,7 +416,7 @@ switches:
     ({"name": "a", "target": "h"}, r"\.target: target 'h' is not host:port"),
     ({"name": "a", "target": "h:1", "profile": "junos"}, r"unknown profile 'junos'"),
     ({"name": "a", "target": "10.0.0.1:1", "tls": {"plaintext": True}}, r"only allowed to a loopback"),
-    ({"name": "a", "target": "h:1", "priorities": [3, 9]}, r"priorities: expected an integer in 0..7"),
+    ({"name": "a", "target": "h:1", "priorities": [3, 9]}, r"priorities\[1\]: expected an integer in 0..7, got 9"),
     ({"name": "a", "target": "h:1", "sample_interval_ms": 0}, r"sample_interval_ms: expected an integer"),
     ({"name": "a", "target": "h:1", "credentials": "nope.yaml"}, r"credentials: no such file"),
     ({"target": "h:1"}, r"missing key 'name'"),
@@ -451,7 +451,7 @@ def test_example_config_in_deploy_is_valid(tmp_path, monkeypatch):
     data = __import__("yaml").safe_load(text)
     # the example points at /etc paths; validate it with those files stubbed under tmp_path
     for section in [data.get("gateway", {}), data.get("defaults", {}), *data["switches"]]:
-        for key in ("ca", "token_file", "credentials"):
+        for key in ("ca", "ca_cert", "token_file", "credentials"):
             if section.get(key):
                 section[key] = str(write(tmp_path / Path(section[key]).name, "u" if key == "token_file" else
                                          "username: u\npassword: p\n" if key == "credentials" else "x"))

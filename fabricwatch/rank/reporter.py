@@ -23,7 +23,6 @@ from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
-from fabricwatch.grpc_tls import check_client_tls
 
 from .client import IngestClient
 from .identity import RankIdentity, StepRecord
@@ -37,6 +36,11 @@ MAX_STEPS_PER_SNAPSHOT = 4096     # the gateway's MAX_RANK_STEPS
 # named well inside 60 s, and costs one ~100-byte message per rank per 5 s (a 10,000-rank
 # job: 2,000 small messages a second at the gateway, batched per node).
 HEARTBEAT_INTERVAL_S = 5.0
+# The shared gateway block (`fabricwatch.config_schema.GatewayConnection`) from the environment:
+# field -> variable (docs/configuration.md lists them with the block's meanings).
+GATEWAY_ENV = {"target": "FABRICWATCH_GATEWAY", "token": "FABRICWATCH_TOKEN", "ca_cert": "FABRICWATCH_CA_CERT",
+               "client_cert": "FABRICWATCH_CLIENT_CERT", "client_key": "FABRICWATCH_CLIENT_KEY",
+               "server_name": "FABRICWATCH_TLS_SERVER_NAME"}
 
 
 # -- reporter --------------------------------------------------------------------------------
@@ -134,8 +138,15 @@ class RankReporter:
                              "exit_flush_s >= 0")
         self.identity = identity
         self.gateway = gateway.strip()
+        if self.gateway:
+            # The collectors' gateway block, so the SDK's TLS rules are theirs (imported only
+            # when reporting: pydantic costs a training script nothing while it is disabled).
+            from fabricwatch.config_schema import GatewayConnection, validate
+
+            validate(GatewayConnection, {"target": self.gateway, "token": token, "ca_cert": ca_cert,
+                                         "client_cert": client_cert, "client_key": client_key,
+                                         "server_name": server_name}, where="gateway")
         self.token = token
-        check_client_tls(ca_cert, client_cert, client_key)
         self.ca_cert, self.client_cert, self.client_key = ca_cert, client_cert, client_key
         self.server_name = server_name
         self.cluster = cluster
@@ -204,12 +215,10 @@ class RankReporter:
             log.warning("fabricwatch: rank reporting disabled: %s", exc)
             return cls(RankIdentity("unknown", 0, 1, "unknown", 0, "invalid"), "")
         disabled = env.get("FABRICWATCH_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
-        options = dict(gateway="" if disabled else env.get("FABRICWATCH_GATEWAY", ""),
-                       token=env.get("FABRICWATCH_TOKEN", ""), ca_cert=env.get("FABRICWATCH_CA_CERT", ""),
-                       client_cert=env.get("FABRICWATCH_CLIENT_CERT", ""),
-                       client_key=env.get("FABRICWATCH_CLIENT_KEY", ""),
-                       server_name=env.get("FABRICWATCH_TLS_SERVER_NAME", ""),
-                       cluster=env.get("FABRICWATCH_CLUSTER", ""))
+        options = {("gateway" if key == "target" else key): env.get(name, "") for key, name in GATEWAY_ENV.items()}
+        options.update(cluster=env.get("FABRICWATCH_CLUSTER", ""))
+        if disabled:
+            options["gateway"] = ""
         options.update(kwargs)
         try:
             return cls(identity, **options)
