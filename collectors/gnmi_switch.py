@@ -39,7 +39,6 @@ import asyncio
 import base64
 import ipaddress
 import logging
-import random
 import socket
 import ssl
 import time
@@ -48,6 +47,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from fabricwatch.backoff import Backoff
 from fabricwatch.counters import PFC_PRIORITIES
 from fabricwatch.netaddr import is_loopback
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
@@ -237,7 +237,7 @@ class SwitchCollector:
 
     # -- connection loop --------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
-        backoff = self.settings.backoff_initial_s
+        backoff = Backoff(self.settings.backoff_initial_s, self.settings.backoff_max_s)
         name = self.settings.name
         while not stop.is_set():
             syncs_before = self.stats["syncs"]
@@ -262,12 +262,11 @@ class SwitchCollector:
             if stop.is_set():
                 break
             if self.stats["syncs"] > syncs_before:
-                backoff = self.settings.backoff_initial_s   # it worked for a while: start over
-            delay = random.uniform(0.5, 1.0) * backoff       # jitter: switches must not redial in lockstep
-            backoff = min(backoff * 2, self.settings.backoff_max_s)
+                backoff.reset()                              # it worked for a while: start over
+            delay_s = backoff.next_s()
             self.stats["reconnects"] += 1
             try:
-                await asyncio.wait_for(stop.wait(), delay)
+                await asyncio.wait_for(stop.wait(), delay_s)
             except asyncio.TimeoutError:
                 pass
 

@@ -146,6 +146,9 @@ def retry_after_s(value: str | None, now_unix_s: float | None = None) -> float |
 
     >>> retry_after_s("3"), retry_after_s("soon"), retry_after_s(None)
     (3.0, None, None)
+    >>> date = "Wed, 21 Oct 2015 07:28:00 GMT"            # RFC 9110's example; 1445412480 s
+    >>> retry_after_s(date, now_unix_s=1445412470.0), retry_after_s(date, now_unix_s=1445412490.0)
+    (10.0, 0.0)
     """
     if not value:
         return None
