@@ -22,7 +22,8 @@ import socket
 import sys
 import time
 
-from .nvml_gpu import COUNTER_NAMES, GAUGE_NAMES, GpuReader, _err_text, _jsonable
+from .nvml_fields import COUNTER_NAMES, GAUGE_NAMES, _err_text, _jsonable
+from .nvml_gpu import GpuReader
 
 EXIT_OK, EXIT_NO_GPU, EXIT_NO_DRIVER = 0, 1, 3
 

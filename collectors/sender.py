@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import random
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 import grpc
 
 from fabricwatch import metrics
+from fabricwatch.backoff import Backoff
 from fabricwatch.grpc_tls import channel_credentials, check_client_tls
 from fabricwatch.lograte import RateLimitedLogger
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
@@ -122,11 +122,11 @@ class GatewaySender:
 
     # -- connection loop --------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
-        backoff = self.config.backoff_initial_s
+        backoff = Backoff(self.config.backoff_initial_s, self.config.backoff_max_s)
         while not stop.is_set():
             try:
                 await self._one_stream(stop)
-                backoff = self.config.backoff_initial_s
+                backoff.reset()
             except (grpc.aio.AioRpcError, ConnectionError, OSError, asyncio.InvalidStateError) as exc:
                 # InvalidStateError: grpc.aio refuses a write to a stream that just ended.
                 self.stats["stream_errors"] += 1
@@ -142,10 +142,8 @@ class GatewaySender:
             self._requeue_in_flight()
             if stop.is_set():
                 break
-            delay = random.uniform(0.5, 1.0) * backoff  # jitter: collectors must not reconnect in lockstep
-            backoff = min(backoff * 2, self.config.backoff_max_s)
             try:
-                await asyncio.wait_for(stop.wait(), delay)
+                await asyncio.wait_for(stop.wait(), backoff.next_s())
             except asyncio.TimeoutError:
                 pass
             self.stats["reconnects"] += 1

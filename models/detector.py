@@ -1,4 +1,14 @@
-"""What every per-source detector offers, and the driver that feeds it only what it reads.
+"""The protocols detectors implement, and the driver that feeds a per-source one only what it reads.
+
+Every detector declares (subclasses) the one protocol of its input and output, and
+tests/test_detector_conformance.py holds each to it (pickling, determinism, bounded state,
+silence on a healthy run):
+
+* `Detector`: stage 1, one source's records (`frames.SourceBatch`) in, findings out;
+* `Feeder`: stage 1 too, but its output is records for a later stage, not findings (the
+  PFC watchdog's pause-state changes for stage 2, the health digests for stage 3);
+* `ChangeDetector`: stage 2, the watchdog's `PauseStateChange` records of a cluster in;
+* `RankStepDetector`, `RankProgressDetector`: stage 3, a job's rank steps or heartbeats in.
 
 A detector of stage 1 takes one record of one source at a time (`frames.SourceBatch`:
 several ticks, one `FrameStack` per block layout) through ``update_batch`` and returns its
@@ -16,15 +26,19 @@ unknown-anomaly baselines, node health) vectorise over the ticks of a record the
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .findings import Finding
-from .frames import FrameStack, SourceBatch, SourceView
+from .frames import FrameStack, RankProgress, RankStep, SourceBatch, SourceView
+
+if TYPE_CHECKING:           # the models below import this module
+    from .pfc_storm import PauseStateChange
 
 # Layout decisions remembered per detector (a fleet has a handful of layouts).
 MAX_LAYOUTS = 4096
 
 
+@runtime_checkable
 class Detector(Protocol):
     """The stage-1 detector protocol (`source_stage` drives a list of them).
 
@@ -32,6 +46,47 @@ class Detector(Protocol):
     """
 
     def update_batch(self, batch: SourceBatch) -> list[Finding]: ...
+
+
+@runtime_checkable
+class Feeder(Protocol):
+    """A stage-1 model whose output feeds a later stage (`source_stage` drives each by name):
+    records of its own kind, none while the source is healthy. ``screen`` as for `Detector`."""
+
+    def update_batch(self, batch: SourceBatch) -> list: ...
+
+
+@runtime_checkable
+class ChangeDetector(Protocol):
+    """Stage 2 (`storm_stage`, one per cluster): the watchdog's changes, in event-time order.
+
+    Each also has its own way to be told that event time moved without a change (the
+    locator's ``progress``, the deadlock model's ``advance``)."""
+
+    def update(self, change: PauseStateChange) -> list[Finding]: ...
+
+    def open_findings(self) -> list[Finding]: ...
+
+
+@runtime_checkable
+class RankStepDetector(Protocol):
+    """Stage 3 (`straggler_stage`): one record of rank steps (one job's) at a time."""
+
+    def add_steps(self, steps: list[RankStep], cluster: str | None = None) -> list[Finding]: ...
+
+
+@runtime_checkable
+class RankProgressDetector(Protocol):
+    """Stage 3: the ranks' progress heartbeats, judged at once; rank steps only teach it."""
+
+    def add_steps(self, steps: list[RankStep]) -> None: ...
+
+    def add_progress(self, reports: list[RankProgress], cluster: str | None = None) -> list[Finding]: ...
+
+    def open_findings(self) -> list[Finding]: ...
+
+
+PROTOCOLS = (Detector, Feeder, ChangeDetector, RankStepDetector, RankProgressDetector)
 
 
 def layout_key(stack: FrameStack) -> tuple:

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .detector import PerTick
+from .detector import Detector, PerTick
 from .findings import OPEN, RESOLVED, WARNING, EntityRef, Evidence, Finding
 from .frames import SWITCH_PORT, EntityFrame, LayoutGroup, SourceView
 from .topology import Topology
@@ -116,7 +116,7 @@ class _Leaf:
 
 
 @dataclass
-class EcmpImbalanceDetector(PerTick):
+class EcmpImbalanceDetector(PerTick, Detector):
     """Per leaf: uplink utilisation per window, imbalance that persists. Needs the topology."""
     topology: Topology | None = None
     window_s: float = WINDOW_S

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .detector import Detector
 from .findings import OPEN, RESOLVED, WARNING, EntityRef, Evidence, Finding
 from .frames import SWITCH_PORT, FrameStack, SourceBatch
 from .topology import Topology
@@ -142,7 +143,7 @@ def _cols(stack: FrameStack) -> list[tuple[int, int, int | None, int | None] | N
     return out
 
 
-class EcnPfcMisorderDetector:
+class EcnPfcMisorderDetector(Detector):
     """Stage-1 rule over switch sources; the peers are the switches this stage sees."""
 
     def __init__(self, topology: Topology | None = None) -> None:

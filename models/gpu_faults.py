@@ -41,7 +41,7 @@ import numpy as np
 
 from fabricwatch.xid import PREEMPTIVE_CLEANUP, XidInfo, lookup
 
-from .detector import PerTick
+from .detector import Detector, PerTick
 from .findings import CRITICAL, OPEN, RESOLVED, UPDATE, WARNING, EntityRef, Evidence, Finding
 from .frames import GPU, DeviceEvent, LayoutGroup, SourceBatch, SourceView
 
@@ -81,7 +81,7 @@ class _Root:
 
 
 @dataclass
-class GpuFaultDetector(PerTick):
+class GpuFaultDetector(PerTick, Detector):
     quiet_s: float = QUIET_S
     cascade_window_s: float = CASCADE_WINDOW_S
     _open: dict[str, _Open] = field(default_factory=dict, repr=False)

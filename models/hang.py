@@ -66,6 +66,7 @@ import numpy as np
 
 from fabricwatch.rank import HEARTBEAT_INTERVAL_S
 
+from .detector import RankProgressDetector
 from .findings import CRITICAL, OPEN, RESOLVED, UPDATE, EntityRef, Evidence, Finding
 from .frames import RankProgress, RankStep
 from .node_health import CAUSE_ACTION, ECC, NIC_DOWN, STORM_VICTIM, XID, HealthBook, rail_nic
@@ -159,7 +160,7 @@ class _Job:
 
 
 @dataclass
-class HangDetector:
+class HangDetector(RankProgressDetector):
     """Names the rank that holds up a hung collective, from the ranks' progress heartbeats.
 
     Parameters

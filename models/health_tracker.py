@@ -53,6 +53,7 @@ import numpy as np
 
 from fabricwatch.counters import PFC_PRIORITIES
 
+from .detector import Feeder
 from .frames import GPU, NIC_PORT, FrameStack, LayoutGroup, SourceBatch
 from .linkrate import parse_ib_rate
 from .findings import OPEN, RESOLVED, Finding
@@ -192,7 +193,7 @@ def _interval_ns(stack: FrameStack) -> int:
     return int(dt * 1e9) if dt == dt else DEFAULT_INTERVAL_NS
 
 
-class HealthTracker:
+class HealthTracker(Feeder):
     """Episodes and events per node of one stage-1 partition; see the module docstring.
 
     Parameters

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .detector import PerTick
+from .detector import Detector, PerTick
 from .fec import FecMemory
 from .findings import CRITICAL, OPEN, RESOLVED, UPDATE, WARNING, EntityRef, Evidence, Finding
 from .frames import NIC_PORT, SWITCH_PORT, EntityFrame, FrameStack, LayoutGroup, SourceBatch, SourceView
@@ -106,7 +106,7 @@ class _Failover:
 
 
 @dataclass
-class LinkDownDetector(PerTick):
+class LinkDownDetector(PerTick, Detector):
     topology: Topology | None = None
     hold_s: float = LINK_DOWN_HOLD_S
     up_hold_s: float = LINK_UP_HOLD_S

@@ -44,7 +44,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .detector import PerTick
+from .detector import Detector, PerTick
 from .fec import FecMemory
 from .findings import CRITICAL, OPEN, RESOLVED, WARNING, EntityRef, Evidence, Finding
 from .frames import GPU, NIC_PORT, SWITCH_PORT, EntityFrame, LayoutGroup, SourceBatch, SourceView
@@ -69,7 +69,7 @@ def _parse(rate: str) -> IbRate | None:
 
 
 @dataclass
-class LinkDowngradeDetector(PerTick):
+class LinkDowngradeDetector(PerTick, Detector):
     """Link and PCIe downgrades of NIC ports, GPUs and switch ports; see the module docstring.
 
     ``nominal`` is the worker's shared `NominalRates` (topology, configured rate, one vote

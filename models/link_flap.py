@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .detector import PerTick
+from .detector import Detector, PerTick
 from .fec import FecMemory
 from .findings import CRITICAL, OPEN, RESOLVED, UPDATE, WARNING, EntityRef, Evidence, Finding
 from .frames import NIC_PORT, SWITCH_PORT, EntityFrame, FrameStack, LayoutGroup, SourceBatch, SourceView
@@ -81,7 +81,7 @@ class _Down:
 
 
 @dataclass
-class LinkFlapDetector(PerTick):
+class LinkFlapDetector(PerTick, Detector):
     topology: Topology | None = None
     quiet_s: float = QUIET_S
     max_down_s: float = MAX_DOWN_S

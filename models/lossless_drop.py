@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .detector import Detector
 from .findings import OPEN, RESOLVED, WARNING, EntityRef, Evidence, Finding
 from .frames import NIC_PORT, SWITCH_PORT, FrameStack, SourceBatch
 
@@ -95,7 +96,7 @@ def _layout(stack: FrameStack) -> tuple[list[list[int]], list[int], int | None, 
     return drops, links, oper, speed
 
 
-class LosslessDropDetector:
+class LosslessDropDetector(Detector):
     """Stage-1 rule: drops on a PFC-protected priority of a live port (switch or NIC)."""
 
     def __init__(self) -> None:

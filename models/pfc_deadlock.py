@@ -46,6 +46,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from .detector import ChangeDetector
 from .findings import CRITICAL, OPEN, RESOLVED, EntityRef, Evidence, Finding
 from .pfc_storm import DEFAULT_DETECTION_TIME_MS, PAUSED, PAUSING, PauseStateChange
 from .topology import Topology
@@ -73,7 +74,7 @@ class _Cycle:
 
 
 @dataclass
-class PfcDeadlockDetector:
+class PfcDeadlockDetector(ChangeDetector):
     """Per cluster: the holds between switch ports, per priority, and the cycles among them."""
     topology: Topology
     cluster: str = ""

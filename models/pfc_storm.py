@@ -86,6 +86,7 @@ import numpy as np
 
 from fabricwatch.counters import PFC_PRIORITIES
 
+from .detector import Feeder
 from .findings import EntityRef, Evidence
 from .frames import NIC_PORT, SWITCH_PORT, EntityFrame, LayoutGroup, SourceBatch, SourceView
 
@@ -296,7 +297,7 @@ class _Cells:
         return new
 
 
-class PfcWatchdog:
+class PfcWatchdog(Feeder):
     """SONiC-style PFC watchdog over one stream of `SourceView` ticks (any number of sources).
 
     Parameters

@@ -80,6 +80,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .detector import ChangeDetector
 from .findings import CRITICAL, OPEN, RESOLVED, UPDATE, EntityRef, Evidence, Finding
 from .pfc_storm import PAUSED, PAUSING, PauseStateChange
 from .topology import Topology
@@ -177,7 +178,7 @@ class _Storm:
     last: Finding | None = None
 
 
-class StormLocator:
+class StormLocator(ChangeDetector):
     """Cluster-level PFC storm correlation over `PauseStateChange` records.
 
     Parameters

@@ -68,6 +68,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .detector import RankStepDetector
 from .findings import CRITICAL, INFO, OPEN, RESOLVED, UPDATE, WARNING, EntityRef, Evidence, Finding
 from .frames import RankStep, SourceView
 from .node_health import (CAUSE_ACTION, GPU_CAUSES, NETWORK_CAUSES, NIC_DOWN, NIC_DOWNGRADE, NIC_PCIE, NONE,
@@ -166,7 +167,7 @@ class _Job:
 
 
 @dataclass
-class StragglerDetector:
+class StragglerDetector(RankStepDetector):
     """Names the persistently slow ranks of synchronous training jobs.
 
     Parameters

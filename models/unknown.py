@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .detector import Detector
 from .baseline import NoveltyAlarm
 from .findings import INFO, OPEN, RESOLVED, EntityRef, Evidence, Finding
 from .frames import GPU, NIC_PORT, LayoutGroup, SourceBatch, SourceView
@@ -87,7 +88,7 @@ class _Node:
 
 
 @dataclass
-class UnknownAnomalyDetector:
+class UnknownAnomalyDetector(Detector):
     window_s: float = WINDOW_S
     threshold: float = THRESHOLD
     quiet_windows: int = QUIET_WINDOWS

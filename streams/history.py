@@ -56,27 +56,39 @@ class KafkaHistory:
         consumer = await self._get()
         tp = TopicPartition(topic, partition)
         consumer.assign([tp])
-        consumer.seek(tp, start)
-        stalled_at = time.monotonic() + self.stall_timeout_s
-        while True:
-            batch = await consumer.getmany(tp, timeout_ms=FETCH_TIMEOUT_MS, max_records=MAX_RECORDS_PER_FETCH)
-            records = batch.get(tp, [])
-            if not records:
-                if await consumer.position(tp) >= end:
-                    return
-                if time.monotonic() > stalled_at:
-                    raise HistoryStalled(f"{topic}[{partition}]: nothing read for {self.stall_timeout_s} s "
-                                         f"before offset {end}")
-                continue
-            stalled_at = time.monotonic() + self.stall_timeout_s
-            for record in records:
-                if record.offset >= end:
-                    return
-                yield record.offset, record.value
-            if records[-1].offset >= end - 1:
-                return
+        async for record in read_range(consumer, tp, start, end, self.stall_timeout_s):
+            yield record.offset, record.value
 
     async def close(self) -> None:
         if self._consumer is not None:
             await self._consumer.stop()
             self._consumer = None
+
+
+async def read_range(consumer, tp, start: int, end: int, stall_timeout_s: float,
+                     max_records: int = MAX_RECORDS_PER_FETCH) -> AsyncIterator:
+    """The records of partition ``tp`` in offsets [start, end), read by ``consumer`` (which
+    has it assigned), in order. Offsets the log no longer has (compacted, deleted, a
+    transaction marker just before ``end``) are skipped: the read ends once the consumer's
+    position reaches ``end``. `HistoryStalled` when the broker returns nothing for
+    ``stall_timeout_s`` before that.
+    """
+    consumer.seek(tp, start)
+    stalled_at = time.monotonic() + stall_timeout_s
+    while True:
+        batch = await consumer.getmany(tp, timeout_ms=FETCH_TIMEOUT_MS, max_records=max_records)
+        records = batch.get(tp, [])
+        if not records:
+            if await consumer.position(tp) >= end:
+                return
+            if time.monotonic() > stalled_at:
+                raise HistoryStalled(f"{tp.topic}[{tp.partition}]: nothing read for {stall_timeout_s} s "
+                                     f"before offset {end}")
+            continue
+        stalled_at = time.monotonic() + stall_timeout_s
+        for record in records:
+            if record.offset >= end:
+                return
+            yield record
+        if records[-1].offset >= end - 1:
+            return

@@ -210,6 +210,8 @@ class KafkaStateLog:
     async def read(self, partition: int, since_ms: int | None) -> AsyncIterator[tuple[bytes | None, bytes]]:
         from aiokafka import TopicPartition
 
+        from .history import HistoryStalled, read_range
+
         consumer = await self._get()
         tp = TopicPartition(self.topic, partition)
         consumer.assign([tp])
@@ -220,22 +222,11 @@ class KafkaStateLog:
             start = found[tp].offset if found.get(tp) is not None else end
         if start >= end:
             return
-        consumer.seek(tp, start)
-        stalled_at = time.monotonic() + STALL_TIMEOUT_S
-        position = start
-        while position < end:
-            batch = (await consumer.getmany(tp, timeout_ms=500, max_records=500)).get(tp, [])
-            if not batch:
-                if time.monotonic() > stalled_at:
-                    log.warning("reading %s[%d] stalled at offset %d of %d", self.topic, partition, position, end)
-                    return
-                continue
-            stalled_at = time.monotonic() + STALL_TIMEOUT_S
-            for r in batch:
-                position = r.offset + 1
-                if r.offset >= end:
-                    return
+        try:
+            async for r in read_range(consumer, tp, start, end, STALL_TIMEOUT_S, max_records=500):
                 yield r.key, r.value
+        except HistoryStalled as exc:
+            log.warning("reading the state stalled: %s", exc)
 
     async def _get(self):
         if self._consumer is None:

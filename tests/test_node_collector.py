@@ -33,7 +33,8 @@ from fabricwatch.collectors import node_cli, node_config
 from fabricwatch.collectors.ethtool_stats import EthtoolFilter, EthtoolReader, RecordedSource, parse_ethtool_s
 from fabricwatch.collectors.node import NodeCollector
 from fabricwatch.collectors.node_config import ConfigError, NodeConfig, load_config
-from fabricwatch.collectors.nvml_gpu import COUNTER_NAMES, GAUGE_NAMES, GpuReader
+from fabricwatch.collectors.nvml_fields import COUNTER_NAMES, GAUGE_NAMES
+from fabricwatch.collectors.nvml_gpu import GpuReader
 from fabricwatch.collectors.sender import GatewaySender, SenderConfig
 from fabricwatch.collectors.sysfs_nic import NicReader, rows_to_blocks
 from fabricwatch.counters import NIC_GAUGES, NIC_LABELS

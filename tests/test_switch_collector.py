@@ -22,19 +22,14 @@ import pytest
 from helpers import RecordingSink, entity_rows
 
 from fabricwatch.collectors.gnmi_profiles import PROFILES, compile_profile, expand_paths, split_path
+from fabricwatch.collectors.gnmi_assembler import SwitchAssembler
+from fabricwatch.collectors.gnmi_decode import canonical, decode_value, gnmi_pb2, gnmi_pb2_grpc, path_elems, xpath_to_path
 from fabricwatch.collectors.gnmi_switch import (
-    SwitchAssembler,
     SwitchCollector,
     SwitchSettings,
     TlsSettings,
     auth_metadata,
-    canonical,
-    decode_value,
-    gnmi_pb2,
-    gnmi_pb2_grpc,
-    path_elems,
     subscribe_request,
-    xpath_to_path,
 )
 from fabricwatch.collectors.switch import collect, describe, load_config, parse_config
 from fabricwatch.protos.v1 import telemetry_pb2 as pb

@@ -16,7 +16,8 @@ from test_switch_collector import FIXTURES, fake_server_bin, fake_target, free_p
 
 from fabricwatch.actions.base import ALREADY, DONE, DRAIN_NODE, FAILED, ISOLATE_PORT, RESTORE_PORT, ActionRequest
 from fabricwatch.actions.executors.switch_port import SwitchPortExecutor, read_bool
-from fabricwatch.collectors.gnmi_switch import SwitchSettings, TlsSettings, gnmi_pb2, gnmi_pb2_grpc
+from fabricwatch.collectors.gnmi_decode import gnmi_pb2, gnmi_pb2_grpc
+from fabricwatch.collectors.gnmi_switch import SwitchSettings, TlsSettings
 from fabricwatch.models.findings import EntityRef
 
 

@@ -37,6 +37,7 @@ class SendResult:
     ok: bool
     detail: str = ""             # HTTP status and body excerpt, or the error
     attempts: int = 1
+    answer: str = ""             # the start of the last HTTP answer's body ("" without one)
 
 
 class AlertSink(Protocol):

@@ -26,6 +26,7 @@ from fabricwatch.actions.alerts.base import SendResult
 # What a judge says about one HTTP answer.
 OK, RETRY, FAIL = "ok", "retry", "fail"
 BODY_EXCERPT_CHARS = 300
+ANSWER_CHARS = 2000        # of the last answer's body, kept in the `SendResult` (a caller may read its verdict)
 
 #: A judge maps (HTTP status, body text) to (OK | RETRY | FAIL, short reason).
 Judge = Callable[[int, str], tuple[str, str]]
@@ -146,6 +147,9 @@ def retry_after_s(value: str | None, now_unix_s: float | None = None) -> float |
 
     >>> retry_after_s("3"), retry_after_s("soon"), retry_after_s(None)
     (3.0, None, None)
+    >>> date = "Wed, 21 Oct 2015 07:28:00 GMT"            # RFC 9110's example; 1445412480 s
+    >>> retry_after_s(date, now_unix_s=1445412470.0), retry_after_s(date, now_unix_s=1445412490.0)
+    (10.0, 0.0)
     """
     if not value:
         return None
@@ -189,6 +193,12 @@ class JsonPoster:
             data = json.dumps(payload, ensure_ascii=False).encode()
         except (TypeError, ValueError) as exc:
             return SendResult(False, f"{self.name}: payload is not JSON: {exc}", attempts=0)
+        return await self.post_body(url, data, judge)
+
+    async def post_body(self, url: str, data: bytes, judge: Judge = judge_http_status,
+                        headers: Mapping[str, str] | None = None) -> SendResult:
+        """`post` of a body serialized by the caller (a signed body goes out byte for byte),
+        with ``headers`` on top of the poster's. Never raises."""
         deadline_s = self.clock() + self.policy.total_budget_s
         attempt = 0
         reasons: list[str] = []
@@ -197,17 +207,17 @@ class JsonPoster:
                 reasons.append("local rate limit: no slot before the time budget ran out")
                 return SendResult(False, self._detail(reasons), attempts=attempt)
             attempt += 1
-            verdict, reason, wait_hint_s = await self._attempt(url, data, deadline_s, judge)
+            verdict, reason, wait_hint_s, answer = await self._attempt(url, data, deadline_s, judge, headers)
             if verdict == OK:
-                return SendResult(True, f"{self.name}: {reason}", attempts=attempt)
+                return SendResult(True, f"{self.name}: {reason}", attempts=attempt, answer=answer)
             reasons.append(reason)
             if verdict == FAIL or attempt >= self.policy.max_attempts:
-                return SendResult(False, self._detail(reasons), attempts=attempt)
+                return SendResult(False, self._detail(reasons), attempts=attempt, answer=answer)
             wait_s = max(self.policy.backoff_s(attempt, self.rng), wait_hint_s or 0.0)
             if self.clock() + wait_s >= deadline_s:
                 reasons.append(f"next retry in {wait_s:.1f} s would pass the "
                                f"{self.policy.total_budget_s:g} s budget")
-                return SendResult(False, self._detail(reasons), attempts=attempt)
+                return SendResult(False, self._detail(reasons), attempts=attempt, answer=answer)
             await self.sleep(wait_s)
 
     def _detail(self, reasons: list[str]) -> str:
@@ -215,11 +225,11 @@ class JsonPoster:
         earlier = f" (after {len(reasons) - 1} earlier failures: {reasons[0][:80]})" if len(reasons) > 1 else ""
         return f"{self.name}: {reasons[-1]}{earlier}"
 
-    async def _attempt(self, url: str, data: bytes, deadline_s: float,
-                       judge: Judge) -> tuple[str, str, float | None]:
-        """One request: (verdict, reason with status and body excerpt, Retry-After seconds)."""
+    async def _attempt(self, url: str, data: bytes, deadline_s: float, judge: Judge,
+                       extra_headers: Mapping[str, str] | None = None) -> tuple[str, str, float | None, str]:
+        """One request: (verdict, reason with status and body excerpt, Retry-After seconds, body)."""
         timeout_s = max(0.001, min(self.policy.timeout_s, deadline_s - self.clock()))
-        headers = {"Content-Type": "application/json; charset=utf-8", **self.headers}
+        headers = {"Content-Type": "application/json; charset=utf-8", **self.headers, **(extra_headers or {})}
         try:
             if self._session is None:
                 self._session = aiohttp.ClientSession()
@@ -229,14 +239,14 @@ class JsonPoster:
                 status = response.status
                 hint_s = retry_after_s(response.headers.get("Retry-After"))
         except (asyncio.TimeoutError, TimeoutError):
-            return RETRY, f"timeout after {timeout_s:.1f} s", None
+            return RETRY, f"timeout after {timeout_s:.1f} s", None, ""
         except aiohttp.InvalidURL as exc:
-            return FAIL, f"invalid URL {exc}", None
+            return FAIL, f"invalid URL {exc}", None, ""
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
-            return RETRY, f"connection error: {type(exc).__name__}: {exc}", None
+            return RETRY, f"connection error: {type(exc).__name__}: {exc}", None, ""
         except (aiohttp.ClientError, ValueError) as exc:   # bad header values, unsupported scheme
-            return FAIL, f"request error: {type(exc).__name__}: {exc}", None
+            return FAIL, f"request error: {type(exc).__name__}: {exc}", None, ""
         verdict, why = judge(status, body)
         excerpt = " ".join(body.split())[:BODY_EXCERPT_CHARS]
         reason = f"HTTP {status}" + (f" {why}" if why and not why.startswith("HTTP") else "")
-        return verdict, f"{reason}: {excerpt}" if excerpt else reason, hint_s
+        return verdict, f"{reason}: {excerpt}" if excerpt else reason, hint_s, body[:ANSWER_CHARS]

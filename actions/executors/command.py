@@ -56,7 +56,7 @@ from fabricwatch.actions.base import (
     ActionRequest,
     ExecutionResult,
 )
-from fabricwatch.actions.alerts.http import retry_after_s
+from fabricwatch.actions.alerts.http import JsonPoster, RetryPolicy
 from fabricwatch.actions.escape import untrusted
 from fabricwatch.netaddr import is_loopback
 
@@ -71,6 +71,10 @@ REASON_MAX_CHARS = 512
 HANDLED = frozenset({EXCLUDE_AND_RESTART, REQUEUE_JOBS})
 DEFAULT_ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "TZ")
 SIGNATURE_HEADER = "X-Fabricwatch-Signature-256"
+# Webhook retries: the longest pause between attempts (backoff; a Retry-After may ask for
+# more, within the attempts' time), and the shortest first one.
+MAX_RETRY_WAIT_S = 60.0
+MIN_BACKOFF_S = 0.001
 
 
 def template_fields(argv: Sequence[str]) -> frozenset[str]:
@@ -130,7 +134,8 @@ class CommandExecutor:
     already_exit_code
         An exit status of the command that means "already done"; None: none does.
     webhook_attempts, webhook_backoff_s
-        Tries per request and the first pause between them (doubled each time).
+        Tries per request and the first pause between them (doubled each time, up to
+        `MAX_RETRY_WAIT_S`; half of each pause is jitter, as for the alert sinks).
     """
 
     def __init__(self, argv: Sequence[str] | None = None, *, webhook_url: str = "", webhook_secret: str = "",
@@ -182,16 +187,16 @@ class CommandExecutor:
                 raise ValueError(f"webhook_url {webhook_url!r}: plain http only to a loopback host; use https")
             if not webhook_secret:
                 raise ValueError("webhook_secret is required: the receiver must be able to verify the caller")
-        self._session = None
+        self._poster: JsonPoster | None = None
 
     def __repr__(self) -> str:
         what = f"argv={list(self.argv)!r}" if self.argv else f"webhook_url={self.webhook_url!r}"
         return f"CommandExecutor({what}, handles={sorted(self.handles)})"
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._poster is not None:
+            await self._poster.close()
+            self._poster = None
 
     # -- entry point --------------------------------------------------------------------------
     async def execute(self, request: ActionRequest) -> ExecutionResult:
@@ -346,32 +351,23 @@ class CommandExecutor:
         return "sha256=" + hmac.new(self.webhook_secret.encode(), body, hashlib.sha256).hexdigest()
 
     async def _post(self, request: ActionRequest, jobs: tuple[str, ...]) -> ExecutionResult:
-        import aiohttp   # only the webhook mode needs it
-
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        """The signed body through the alert sinks' poster (`actions.alerts.http`): 5xx, 429 and
+        connection errors retried with backoff and Retry-After, other 4xx failed at once."""
+        if self._poster is None:
+            self._poster = JsonPoster(f"POST {self.webhook_url}", RetryPolicy(
+                timeout_s=self.timeout_s, max_attempts=self.webhook_attempts,
+                backoff_initial_s=max(self.webhook_backoff_s, MIN_BACKOFF_S), backoff_max_s=MAX_RETRY_WAIT_S,
+                # every attempt may take its timeout and wait its longest: the attempts bound it, not time
+                total_budget_s=self.webhook_attempts * (self.timeout_s + MAX_RETRY_WAIT_S)))
         body = self.body(request, jobs)
         headers = {"Content-Type": "application/json", "Idempotency-Key": request.idempotency_key,
                    SIGNATURE_HEADER: self.signature(body)}
-        delay_s = self.webhook_backoff_s
-        last = ""
-        for attempt in range(1, self.webhook_attempts + 1):
-            retry_after_s = None
-            try:
-                async with self._session.post(self.webhook_url, data=body, headers=headers) as resp:
-                    text = (await resp.text(errors="replace"))[:2000]
-                    last = f"POST {self.webhook_url}: HTTP {resp.status} {text}".rstrip()
-                    if 200 <= resp.status < 300:
-                        return ExecutionResult(_webhook_status(text), f"{last} (attempt {attempt})", jobs)
-                    if resp.status != 429 and resp.status < 500:
-                        return ExecutionResult(FAILED, f"{last} (attempt {attempt}, not retried)")
-                    retry_after_s = _retry_after_s(resp.headers.get("Retry-After"))
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                last = f"POST {self.webhook_url}: {type(exc).__name__}: {exc}"
-            if attempt < self.webhook_attempts:
-                await asyncio.sleep(retry_after_s if retry_after_s is not None else delay_s)
-                delay_s *= 2
-        return ExecutionResult(FAILED, f"{last} (gave up after {self.webhook_attempts} attempts)")
+        sent = await self._poster.post_body(self.webhook_url, body, headers=headers)
+        if sent.ok:
+            return ExecutionResult(_webhook_status(sent.answer), f"{sent.detail} (attempt {sent.attempts})", jobs)
+        if sent.attempts < self.webhook_attempts:
+            return ExecutionResult(FAILED, f"{sent.detail} (attempt {sent.attempts}, not retried)")
+        return ExecutionResult(FAILED, f"{sent.detail} (gave up after {sent.attempts} attempts)")
 
 
 def _webhook_status(text: str) -> str:
@@ -380,12 +376,6 @@ def _webhook_status(text: str) -> str:
     except ValueError:
         return DONE
     return ALREADY if isinstance(answer, dict) and answer.get("status") == ALREADY else DONE
-
-
-def _retry_after_s(value: str | None, cap_s: float = 60.0) -> float | None:
-    """The receiver's Retry-After (delta-seconds or an HTTP date), at most ``cap_s``."""
-    wait_s = retry_after_s(value)
-    return None if wait_s is None else min(wait_s, cap_s)
 
 
 def _quote(arg: str) -> str:

@@ -38,12 +38,11 @@ from fabricwatch.actions.base import (
     ActionRequest,
     ExecutionResult,
 )
+from fabricwatch.collectors.gnmi_decode import gnmi_pb2, gnmi_pb2_grpc
 from fabricwatch.collectors.gnmi_profiles import compile_profile
 from fabricwatch.collectors.gnmi_switch import (
     SwitchSettings,
     auth_metadata,
-    gnmi_pb2,
-    gnmi_pb2_grpc,
     is_loopback,
     open_channel,
     split_target,

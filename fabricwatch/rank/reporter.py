@@ -15,7 +15,6 @@ import itertools
 import logging
 import math
 import os
-import random
 import threading
 import time
 import weakref
@@ -23,6 +22,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
+from fabricwatch.backoff import Backoff
 
 from .client import IngestClient
 from .identity import RankIdentity, StepRecord
@@ -424,26 +424,25 @@ class RankReporter:
             self._warn_once("rank reporting disabled, cannot set up the gateway client (%s)", exc)
             self.enabled = False
             return
-        backoff = 0.0
+        backoff = Backoff(self.flush_interval_s, self.backoff_max_s)
         try:
             while True:
                 stopping = self._stop.is_set()
                 if not stopping:
-                    self._kick.wait(backoff or self.flush_interval_s)
+                    self._kick.wait(backoff.step_s or self.flush_interval_s)
                     self._kick.clear()
                     stopping = self._stop.is_set()
                 if stopping:
                     self._ship(client, self._final_deadline)
                     return
                 self._beat()
-                if backoff and time.monotonic() < self._retry_at:
+                if backoff.step_s and time.monotonic() < self._retry_at:
                     continue
                 ok = self._ship(client, None)
                 if ok:
-                    backoff = 0.0
+                    backoff.reset()
                 else:
-                    backoff = min(max(2 * backoff, self.flush_interval_s), self.backoff_max_s)
-                    self._retry_at = time.monotonic() + random.uniform(0.5, 1.0) * backoff
+                    self._retry_at = time.monotonic() + backoff.next_s()
         except Exception as exc:   # noqa: BLE001 - a bug here must not surface in training
             self._warn_once("rank reporting stopped after an internal error (%r)", exc)
         finally:
