@@ -8,8 +8,9 @@ streams: one that has not advanced while the newest advanced ``liveness_ns`` (a 
 an empty partition) is dropped from the minimum, and so is one more than ``max_lag_ns``
 behind the newest (a clock far behind). Streams expected but never heard from (`expect`)
 count as processed through the time they were expected at. A stream declared `idle`
-(nothing left to read: its reader says so) is dropped until it advances again. The
-watermark never moves back.
+(nothing left to read: its reader says so) is dropped until it advances again, or until
+it is found to have more after all (`revive`). The watermark never moves back; the bare
+`minimum_ns` does.
 
 Over sources (nodes, switches: their clocks run live) liveness is judged in event time.
 Over *partitions* (`partitions`) it must not be: a partition not read yet while another
@@ -32,6 +33,8 @@ per `settle` (a handful while streams are current).
 0
 >>> parts.idle("t/1"); parts.settle()
 90000000000
+>>> parts.revive("t/1"); parts.minimum_ns(), parts.settle()     # more was written there after all
+(0, 90000000000)
 """
 from __future__ import annotations
 
@@ -118,8 +121,24 @@ class LowWatermark:
         self._unheard.discard(source)
         self._idle.add(source)
 
+    def revive(self, source: str) -> None:
+        """A `source` declared idle has more to report after all (its reader has not said so
+        yet): back in the minimum at the time it was processed through."""
+        if source not in self._idle:
+            return
+        self._idle.discard(source)
+        self._live[source] = self.newest_ns
+        bucket = self.through_ns[source] // _BUCKET_NS
+        self._count[bucket] = self._count.get(bucket, 0) + 1
+
     def settle(self) -> int:
         """The watermark now: min over live sources, never moving back (newest if none is live)."""
+        self.value_ns = max(self.value_ns, self.minimum_ns())
+        return self.value_ns
+
+    def minimum_ns(self) -> int:
+        """The min over the live sources now (newest if none is live), which moves back when a
+        stream revives behind it: for a caller that keeps its own watermark (`settle` does not)."""
         live, count = self._live, self._count
         silent_before = self.newest_ns - self._liveness_ns
         while live and next(iter(live.values())) < silent_before:
@@ -129,5 +148,4 @@ class LowWatermark:
             del count[bucket]
         lagging_before = (self.newest_ns - self._max_lag_ns) // _BUCKET_NS
         low = min((b for b in count if b >= lagging_before), default=None)
-        self.value_ns = max(self.value_ns, self.newest_ns if low is None else low * _BUCKET_NS)
-        return self.value_ns
+        return self.newest_ns if low is None else low * _BUCKET_NS

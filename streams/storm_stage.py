@@ -11,6 +11,16 @@ locators' clock at its own time, and the grace periods run on the watermark: eve
 a partition emitted up to its progress has been read before that progress, so a backlog,
 drained in any order across partitions and workers, is judged as live telemetry is, at
 the cost of about one progress interval (50 ms) plus the partitions' spread of latency.
+
+An idle partition's claim holds only while nothing more was written there: its reader
+may die right after it, and what is written next waits for a new reader while the other
+partitions' progress would carry the watermark past it (judged late: a deadlock missed,
+a storm split in two). So a claim names the end offset it was read up to, and the
+watermark passes a claimed partition only as far as it stood when a look-up of the
+partitions' end offsets was asked for (`partition_ends`, every 0.1 s by the worker): the
+answer (`on_partition_ends`) confirms every claim still at its end, and puts a partition
+written since back in the minimum until its progress comes. While a partition is idle,
+that is up to one look-up (0.1 s) more of delay; with none idle, none.
 Changes read before the first progress are held for it as well: a worker's first batch
 of a backlog may carry many seconds of every partition's changes, partition after
 partition, and only the progress after them says which came first. The jobs on the
@@ -27,6 +37,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections import Counter
+from collections.abc import Mapping
 
 from fabricwatch.models.findings import Finding
 from fabricwatch.models.pfc_storm import PauseStateChange
@@ -62,6 +73,12 @@ class StormStage:
         self._placements_version = -1
         self._newest_ns = 0
         self._partitions: LowWatermark | None = None      # from the first partition progress on
+        self._released_ns = 0                                # the watermark: changes applied, clocks moved
+        # idle partitions' claims (stream -> end offset): passed only up to `_confirmed_ns`,
+        # the minimum when a look-up found each still at its end (`_asked_ns`: one asked for)
+        self._idle_ends: dict[str, int] = {}
+        self._confirmed_ns = 0
+        self._asked_ns: int | None = None
         # changes not yet complete (newer than the watermark): (at, entity, role, seq, change)
         self._held: list[tuple[int, str, str, int, PauseStateChange]] = []
         self._seq = 0
@@ -72,6 +89,11 @@ class StormStage:
         state.setdefault("_held", [])
         state.setdefault("_seq", 0)
         state.setdefault("_deadlocks", {})
+        parts = state.get("_partitions")
+        state.setdefault("_released_ns", parts.value_ns if parts is not None else 0)
+        state.setdefault("_idle_ends", {})
+        state.setdefault("_confirmed_ns", 0)
+        state["_asked_ns"] = None                     # a look-up asked in another process
         state["stats"] = Counter(state.get("stats", {}))
         self.__dict__.update(state)
 
@@ -115,7 +137,7 @@ class StormStage:
             return self.accounting.settle(self._assessed(found), cluster, received_ns, started)
         cluster = record.entity.cluster
         self._newest_ns = max(self._newest_ns, record.at_ns)
-        if self._partitions is not None and record.at_ns <= self._partitions.value_ns:
+        if self._partitions is not None and record.at_ns <= self._released_ns:
             self.stats["changes_behind_watermark"] += 1    # a partition revived after it was declared idle
             found = self._apply(record)
         else:
@@ -152,16 +174,63 @@ class StormStage:
         if wm is None:
             wm = self._partitions = LowWatermark.partitions()
             wm.expect(record.expect, 0)                     # a partition not read yet may be anywhere behind
-        before = wm.value_ns
         if record.idle:
             for stream in record.through_ns_by_source:
                 wm.idle(stream)
+                if record.end_offset is None:          # a claim from before end offsets: as it stands
+                    self._idle_ends.pop(stream, None)
+                else:
+                    self._idle_ends[stream] = record.end_offset
         else:
             wm.advance(record.through_ns_by_source.items())
+            if self._idle_ends:
+                for stream in record.through_ns_by_source:
+                    self._idle_ends.pop(stream, None)
             self._newest_ns = max(self._newest_ns, max(record.through_ns_by_source.values(), default=0))
-        now = wm.settle()
-        if now == before and before:
+        return self._moved()
+
+    def partition_ends(self) -> list[str]:
+        """The idle partitions whose end offsets to look up now (none: the watermark is not
+        held by them); the minimum they hold back is noted, for `on_partition_ends`."""
+        if not self._idle_ends or self._partitions is None:
             return []
+        low = self._partitions.minimum_ns()
+        if low <= self._released_ns:
+            return []
+        self._asked_ns = low
+        return list(self._idle_ends)
+
+    def on_partition_ends(self, ends_by_stream: Mapping[str, int]) -> list[Finding]:
+        """The end offsets of the partitions `partition_ends` named, looked up after it was asked.
+
+        A claim still at its end holds: nothing was written there before the look-up, so
+        the watermark may pass it up to the minimum as it stood when asked (what the others'
+        progress had carried it to by then). A partition written past its claim is waited
+        for again from where it was. A claim made since the asking is not confirmed (the
+        partition was in that minimum)."""
+        started = time.perf_counter()
+        asked, self._asked_ns = self._asked_ns, None
+        if asked is None or self._partitions is None:
+            return []
+        for stream in [s for s, end in self._idle_ends.items() if ends_by_stream.get(s, end) > end]:
+            del self._idle_ends[stream]
+            self._partitions.revive(stream)
+            self.stats["idle_partitions_written_since"] += 1
+        self._confirmed_ns = max(self._confirmed_ns, asked)
+        found = self._assessed(self._moved())
+        self.accounting.account(found, started)
+        return found
+
+    def _moved(self) -> list[Finding]:
+        """The watermark to the partitions' minimum, past the idle ones only as far as confirmed:
+        the changes it completes applied, the clocks moved."""
+        before = self._released_ns
+        low = self._partitions.minimum_ns()
+        if self._idle_ends:
+            low = min(low, self._confirmed_ns)
+        if low <= before and before:
+            return []
+        now = self._released_ns = max(before, low)
         found = self._release(now)
         return (found + [f for cluster, loc in self._locators.items() for f in loc.progress(self._told(cluster, now))]
                 + [f for dl in self._deadlocks.values() for f in dl.advance(now)])
@@ -173,7 +242,7 @@ class StormStage:
     @property
     def watermark_ns(self) -> int | None:
         """The low watermark over the telemetry partitions (None before any progress)."""
-        return None if self._partitions is None else self._partitions.value_ns
+        return None if self._partitions is None else self._released_ns
 
     def poll(self, now_ns: int) -> list[Finding]:
         """Let grace periods expire when no record arrives (a timer calls it).

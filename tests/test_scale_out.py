@@ -2,7 +2,7 @@
 
 One recording (16 nodes at the collectors' cadence: a PFC storm with victims, a NIC
 downgrade, a link flap, a thermal straggler, a straggler behind a slow NIC, a GPU that
-fell off the bus) is cut into Kafka records exactly as the gateway cuts them
+fell off the bus, a PFC deadlock of two leaves and both spines that spans the kill) is cut into Kafka records exactly as the gateway cuts them
 (`streams.gateway.split_records`, the node collector's lingering) and written as a
 backlog to three sets of topics of their own (`FABRICWATCH_TOPIC_PREFIX`). Each set is
 drained by real `fabricwatch worker` processes: one worker; three in one consumer group;
