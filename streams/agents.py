@@ -132,10 +132,12 @@ def register(app: faust.App, handlers: StageHandlers, states: PartitionStates, r
 
     @app.timer(PARTITION_ENDS_S)
     async def look_up_partition_ends():
-        # Asked under the lock (what each stage's watermark stood at), looked up outside it.
+        # Asked under the lock (what each watermark stood at), looked up outside it: the storm
+        # stages' and the facts' (`IdleClaims`).
         async with states.lock:
             asking = [(key, stage, stage.partition_ends()) for key, stage in states.stages.items()
                       if isinstance(stage, StormStage)]
+            asking.append((None, reader.book, reader.book.partition_ends()))
         asking = [(key, stage, streams) for key, stage, streams in asking if streams]
         if not asking:
             return
@@ -148,7 +150,10 @@ def register(app: faust.App, handlers: StageHandlers, states: PartitionStates, r
         by_stream = {stream: ends[tp] for stream, tp in wanted.items() if tp in ends}
         async with states.lock:
             for key, stage, _ in asking:
-                if states.stages.get(key) is stage:     # not moved away meanwhile
+                if key is None:                         # the facts: the straggler stages release on `moved`
+                    if stage.on_partition_ends(by_stream):
+                        reader.moved.set()
+                elif states.stages.get(key) is stage:   # not moved away meanwhile
                     await send_all(handlers.on_partition_ends(stage, by_stream))
 
     @app.task

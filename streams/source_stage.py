@@ -247,7 +247,7 @@ def partition_idle(topic: str, partition: int, partitions: int, through_ns: int 
     """A telemetry partition (with or without a stage yet) is idle, read up to ``end_offset``:
     its fact and its record."""
     streams = tuple(partition_stream(topic, i) for i in range(partitions))
-    return (Progress(topic, partition, partitions, through_ns, idle=True),
+    return (Progress(topic, partition, partitions, through_ns, idle=True, end_offset=end_offset),
             SourceProgress("", {partition_stream(topic, partition): through_ns}, streams, idle=True, end_offset=end_offset))
 
 

@@ -12,15 +12,12 @@ a partition emitted up to its progress has been read before that progress, so a 
 drained in any order across partitions and workers, is judged as live telemetry is, at
 the cost of about one progress interval (50 ms) plus the partitions' spread of latency.
 
-An idle partition's claim holds only while nothing more was written there: its reader
-may die right after it, and what is written next waits for a new reader while the other
-partitions' progress would carry the watermark past it (judged late: a deadlock missed,
-a storm split in two). So a claim names the end offset it was read up to, and the
-watermark passes a claimed partition only as far as it stood when a look-up of the
-partitions' end offsets was asked for (`partition_ends`, every 0.1 s by the worker): the
-answer (`on_partition_ends`) confirms every claim still at its end, and puts a partition
-written since back in the minimum until its progress comes. While a partition is idle,
-that is up to one look-up (0.1 s) more of delay; with none idle, none.
+An idle partition's claim holds only while nothing more was written there
+(`models.watermark.IdleClaims`): its reader may die right after it, and what is written
+next would be judged late (a deadlock missed, a storm split in two). The worker looks the
+claimed partitions' end offsets up every 0.1 s (`partition_ends`, `on_partition_ends`):
+while a partition is idle, the stage's answers wait up to one look-up more; with none
+idle, nothing waits.
 Changes read before the first progress are held for it as well: a worker's first batch
 of a backlog may carry many seconds of every partition's changes, partition after
 partition, and only the progress after them says which came first. The jobs on the
@@ -44,7 +41,7 @@ from fabricwatch.models.pfc_storm import PauseStateChange
 from fabricwatch.models.pfc_deadlock import PfcDeadlockDetector
 from fabricwatch.models.storm_locator import SourceProgress, StormLocator
 from fabricwatch.models.topology import Topology
-from fabricwatch.models.watermark import LowWatermark
+from fabricwatch.models.watermark import IdleClaims, LowWatermark
 
 from .accounting import Accounting
 from .config import DetectionConfig
@@ -74,11 +71,7 @@ class StormStage:
         self._newest_ns = 0
         self._partitions: LowWatermark | None = None      # from the first partition progress on
         self._released_ns = 0                                # the watermark: changes applied, clocks moved
-        # idle partitions' claims (stream -> end offset): passed only up to `_confirmed_ns`,
-        # the minimum when a look-up found each still at its end (`_asked_ns`: one asked for)
-        self._idle_ends: dict[str, int] = {}
-        self._confirmed_ns = 0
-        self._asked_ns: int | None = None
+        self._claims = IdleClaims()                          # idle partitions, passed as far as confirmed
         # changes not yet complete (newer than the watermark): (at, entity, role, seq, change)
         self._held: list[tuple[int, str, str, int, PauseStateChange]] = []
         self._seq = 0
@@ -91,9 +84,7 @@ class StormStage:
         state.setdefault("_deadlocks", {})
         parts = state.get("_partitions")
         state.setdefault("_released_ns", parts.value_ns if parts is not None else 0)
-        state.setdefault("_idle_ends", {})
-        state.setdefault("_confirmed_ns", 0)
-        state["_asked_ns"] = None                     # a look-up asked in another process
+        state.setdefault("_claims", IdleClaims())
         state["stats"] = Counter(state.get("stats", {}))
         self.__dict__.update(state)
 
@@ -177,46 +168,29 @@ class StormStage:
         if record.idle:
             for stream in record.through_ns_by_source:
                 wm.idle(stream)
-                if record.end_offset is None:          # a claim from before end offsets: as it stands
-                    self._idle_ends.pop(stream, None)
-                else:
-                    self._idle_ends[stream] = record.end_offset
+                self._claims.claim(stream, record.end_offset)
         else:
             wm.advance(record.through_ns_by_source.items())
-            if self._idle_ends:
-                for stream in record.through_ns_by_source:
-                    self._idle_ends.pop(stream, None)
+            self._claims.heard(record.through_ns_by_source)
             self._newest_ns = max(self._newest_ns, max(record.through_ns_by_source.values(), default=0))
         return self._moved()
 
     def partition_ends(self) -> list[str]:
         """The idle partitions whose end offsets to look up now (none: the watermark is not
         held by them); the minimum they hold back is noted, for `on_partition_ends`."""
-        if not self._idle_ends or self._partitions is None:
+        if self._partitions is None:
             return []
-        low = self._partitions.minimum_ns()
-        if low <= self._released_ns:
-            return []
-        self._asked_ns = low
-        return list(self._idle_ends)
+        return self._claims.ask(self._partitions.minimum_ns(), self._released_ns)
 
     def on_partition_ends(self, ends_by_stream: Mapping[str, int]) -> list[Finding]:
-        """The end offsets of the partitions `partition_ends` named, looked up after it was asked.
-
-        A claim still at its end holds: nothing was written there before the look-up, so
-        the watermark may pass it up to the minimum as it stood when asked (what the others'
-        progress had carried it to by then). A partition written past its claim is waited
-        for again from where it was. A claim made since the asking is not confirmed (the
-        partition was in that minimum)."""
+        """The end offsets of the partitions `partition_ends` named, looked up after it was
+        asked: the watermark past those still at their claim, up to where it stood then."""
         started = time.perf_counter()
-        asked, self._asked_ns = self._asked_ns, None
-        if asked is None or self._partitions is None:
+        if self._partitions is None:
             return []
-        for stream in [s for s, end in self._idle_ends.items() if ends_by_stream.get(s, end) > end]:
-            del self._idle_ends[stream]
-            self._partitions.revive(stream)
-            self.stats["idle_partitions_written_since"] += 1
-        self._confirmed_ns = max(self._confirmed_ns, asked)
+        stale = self._claims.answer(ends_by_stream, self._partitions)
+        if stale:
+            self.stats["idle_partitions_written_since"] += len(stale)
         found = self._assessed(self._moved())
         self.accounting.account(found, started)
         return found
@@ -225,9 +199,7 @@ class StormStage:
         """The watermark to the partitions' minimum, past the idle ones only as far as confirmed:
         the changes it completes applied, the clocks moved."""
         before = self._released_ns
-        low = self._partitions.minimum_ns()
-        if self._idle_ends:
-            low = min(low, self._confirmed_ns)
+        low = self._claims.cap(self._partitions.minimum_ns())
         if low <= before and before:
             return []
         now = self._released_ns = max(before, low)

@@ -32,7 +32,9 @@ from fabricwatch.simulator.workload import Job
 from fabricwatch.streams import source_stage
 from fabricwatch.streams.config import DetectionConfig
 from fabricwatch.streams.decode import snapshot_batch
-from fabricwatch.streams.facts import Progress
+from fabricwatch.streams.facts import FactBook, Progress
+from fabricwatch.streams.facts import decode as facts_decode
+from fabricwatch.streams.facts import encode as facts_encode
 from fabricwatch.streams.storm_stage import StormStage
 from fabricwatch.streams.codec import RecordError, pause_change_from_json, pause_change_to_json
 from fabricwatch.streams.pipeline import DetectionPipeline
@@ -452,6 +454,29 @@ def test_a_partition_whose_reader_died_after_its_idle_claim_gives_the_same_storm
             found += stage.on_partition_ends({stream: len(sent[p])})     # all of it written by now
     assert storm_answers(found) == side_by_side
     assert stage.stats["changes_behind_watermark"] == 0
+
+
+def test_the_facts_watermark_passes_an_idle_claim_only_as_far_as_a_look_up_confirmed():
+    """Node health likewise: the facts' watermark passes a partition declared idle only up to
+    where it stood when a look-up found it still at its claim; one written since (its reader
+    died) is waited for again."""
+    topic, second = "fw.telemetry.v2", 1_000_000_000
+    book = FactBook()
+    book.apply(Progress(topic, 0, 2, 5 * second))
+    claim = Progress(topic, 1, 2, 1 * second, idle=True, end_offset=7)
+    assert facts_decode(facts_encode(claim)[1]) == claim
+    book.apply(facts_decode(facts_encode(claim)[1]))
+    assert book.watermark_ns == 0                           # not confirmed yet
+    assert book.partition_ends() == [f"{topic}/1"]
+    assert book.on_partition_ends({f"{topic}/1": 7}) and book.watermark_ns == 5 * second
+    book.apply(Progress(topic, 0, 2, 9 * second))
+    assert book.partition_ends() == [f"{topic}/1"]
+    assert not book.on_partition_ends({f"{topic}/1": 9})    # written since: waited for again
+    assert book.watermark_ns == 5 * second and book.partition_ends() == []
+    book.apply(Progress(topic, 1, 2, 9 * second))
+    assert book.watermark_ns == 9 * second
+    old = Progress(topic, 1, 2, 1 * second, idle=True)      # an older writer's claim: trusted as made
+    assert facts_decode(facts_encode(old)[1]) == old
 
 
 def test_lingering_collectors_do_not_hold_the_storm_clock_back_but_node_health_waits_for_them():
