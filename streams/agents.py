@@ -35,8 +35,8 @@ CLUSTER_TIMER_S = 0.5
 RELEASE_INTERVAL_S = 0.1
 # How often the telemetry partitions are checked for idleness (`streams.idleness`).
 IDLE_CHECK_S = 1.0
-# How often the storm stages' idle partitions' end offsets are looked up (while one holds a
-# stage's watermark: its delay is up to this).
+# How often the end offsets of idle partitions are looked up, for the storm stages and the
+# facts (while one holds a watermark back, its delay is up to this).
 PARTITION_ENDS_S = 0.1
 
 

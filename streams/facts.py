@@ -20,7 +20,8 @@ progress through t, it has seen every fact p wrote about ticks up to t. `FactBoo
 what a reader keeps; `watermark_ns` is the low watermark over the telemetry partitions
 (`models.watermark.LowWatermark.partitions`: one not read yet is waited for, one its
 reader declared idle is not, as far as a look-up found it still at the end offset it was
-read to: `models.watermark.IdleClaims`, `partition_ends`), through which node health is complete. The topic is compacted: a restarted worker reads it whole and knows every
+read to: `models.watermark.IdleClaims`, `partition_ends`), through which node health is
+complete. The topic is compacted: a restarted worker reads it whole and knows every
 node's latest digest, vote and placement.
 
 >>> from fabricwatch.models.node_health import NodeHealth

@@ -11,6 +11,11 @@ locators' clock at its own time, and the grace periods run on the watermark: eve
 a partition emitted up to its progress has been read before that progress, so a backlog,
 drained in any order across partitions and workers, is judged as live telemetry is, at
 the cost of about one progress interval (50 ms) plus the partitions' spread of latency.
+Changes read before the first progress are held for it as well: a worker's first batch
+of a backlog may carry many seconds of every partition's changes, partition after
+partition, and only the progress after them says which came first. The jobs on the
+victims' nodes come from the facts (placements that stage 3 publishes), as they are
+known when the storm is judged.
 
 An idle partition's claim holds only while nothing more was written there
 (`models.watermark.IdleClaims`): its reader may die right after it, and what is written
@@ -18,11 +23,6 @@ next would be judged late (a deadlock missed, a storm split in two). The worker 
 claimed partitions' end offsets up every 0.1 s (`partition_ends`, `on_partition_ends`):
 while a partition is idle, the stage's answers wait up to one look-up more; with none
 idle, nothing waits.
-Changes read before the first progress are held for it as well: a worker's first batch
-of a backlog may carry many seconds of every partition's changes, partition after
-partition, and only the progress after them says which came first. The jobs on the
-victims' nodes come from the facts (placements that stage 3 publishes), as they are
-known when the storm is judged.
 
 Load: a healthy fabric sends no changes, only progress (at most one record per worker
 batch to each pause-states partition, naming the telemetry partitions it advanced, each
