@@ -132,13 +132,16 @@ class SourceProgress:
     locator must wait for (each partition of the topic) instead of the topology's sources.
     A partition's progress is about every cluster (``cluster`` empty: the storm stage
     keeps the watermark over partitions, `streams.storm_stage`); ``idle``: the partition
-    has nothing left to read, not to be waited for until it reports again.
+    has nothing left to read, not to be waited for until it reports again, as long as it
+    still ends at ``end_offset`` (its reader has read every record before that offset; None:
+    trusted as it stands, a record from before end offsets were sent).
     """
 
     cluster: str
     through_ns_by_source: dict[str, int]
     expect: tuple[str, ...] = ()
     idle: bool = False
+    end_offset: int | None = None
 
 
 def _source(ref: EntityRef) -> str:

@@ -8,8 +8,9 @@ streams: one that has not advanced while the newest advanced ``liveness_ns`` (a 
 an empty partition) is dropped from the minimum, and so is one more than ``max_lag_ns``
 behind the newest (a clock far behind). Streams expected but never heard from (`expect`)
 count as processed through the time they were expected at. A stream declared `idle`
-(nothing left to read: its reader says so) is dropped until it advances again. The
-watermark never moves back.
+(nothing left to read: its reader says so) is dropped until it advances again, or until
+it is found to have more after all (`revive`). The watermark never moves back; the bare
+`minimum_ns` does.
 
 Over sources (nodes, switches: their clocks run live) liveness is judged in event time.
 Over *partitions* (`partitions`) it must not be: a partition not read yet while another
@@ -32,6 +33,8 @@ per `settle` (a handful while streams are current).
 0
 >>> parts.idle("t/1"); parts.settle()
 90000000000
+>>> parts.revive("t/1"); parts.minimum_ns(), parts.settle()     # more was written there after all
+(0, 90000000000)
 """
 from __future__ import annotations
 
@@ -118,8 +121,24 @@ class LowWatermark:
         self._unheard.discard(source)
         self._idle.add(source)
 
+    def revive(self, source: str) -> None:
+        """A `source` declared idle has more to report after all (its reader has not said so
+        yet): back in the minimum at the time it was processed through."""
+        if source not in self._idle:
+            return
+        self._idle.discard(source)
+        self._live[source] = self.newest_ns
+        bucket = self.through_ns[source] // _BUCKET_NS
+        self._count[bucket] = self._count.get(bucket, 0) + 1
+
     def settle(self) -> int:
         """The watermark now: min over live sources, never moving back (newest if none is live)."""
+        self.value_ns = max(self.value_ns, self.minimum_ns())
+        return self.value_ns
+
+    def minimum_ns(self) -> int:
+        """The min over the live sources now (newest if none is live), which moves back when a
+        stream revives behind it: for a caller that keeps its own watermark (`settle` does not)."""
         live, count = self._live, self._count
         silent_before = self.newest_ns - self._liveness_ns
         while live and next(iter(live.values())) < silent_before:
@@ -129,5 +148,77 @@ class LowWatermark:
             del count[bucket]
         lagging_before = (self.newest_ns - self._max_lag_ns) // _BUCKET_NS
         low = min((b for b in count if b >= lagging_before), default=None)
-        self.value_ns = max(self.value_ns, self.newest_ns if low is None else low * _BUCKET_NS)
-        return self.value_ns
+        return self.newest_ns if low is None else low * _BUCKET_NS
+
+
+class IdleClaims:
+    """Streams declared idle, whose claims hold only while each still ends where it was read to.
+
+    A reader that declared its stream (a partition) idle may die right after, and what is
+    written there next waits for a new reader while the other streams carry the watermark
+    past it. So a claim names the end offset it was read up to, and the watermark passes the
+    claimed streams only up to `confirmed_ns`: the minimum as it stood when a look-up of
+    their end offsets was asked for (`ask`) that found each claim still at its end
+    (`answer`); a stream written past its claim goes back into the minimum
+    (`LowWatermark.revive`) until it reports. A claim without an end offset (an older
+    writer's) is trusted as it stands.
+
+    >>> wm, claims = LowWatermark.partitions(), IdleClaims()
+    >>> wm.expect(["t/0", "t/1"], 0); wm.advance([("t/0", 5_000_000_000)]); wm.idle("t/1"); claims.claim("t/1", 7)
+    >>> claims.cap(wm.minimum_ns())                          # not confirmed yet
+    0
+    >>> claims.ask(wm.minimum_ns(), 0)
+    ['t/1']
+    >>> claims.answer({"t/1": 7}, wm), claims.cap(wm.minimum_ns())
+    ([], 5000000000)
+    >>> wm.advance([("t/0", 9_000_000_000)]); claims.ask(wm.minimum_ns(), 5_000_000_000)
+    ['t/1']
+    >>> claims.answer({"t/1": 8}, wm), claims.cap(wm.minimum_ns())   # written since: waited for again
+    (['t/1'], 0)
+    """
+
+    def __init__(self) -> None:
+        self.ends: dict[str, int] = {}          # stream -> the end offset its claim was read to
+        self.confirmed_ns = 0
+        self.asked_ns: int | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "asked_ns": None}      # a look-up asked in another process
+
+    def claim(self, stream: str, end_offset: int | None) -> None:
+        if end_offset is None:
+            self.ends.pop(stream, None)
+        else:
+            self.ends[stream] = end_offset
+
+    def heard(self, streams) -> None:
+        """These reported progress: their claims are over."""
+        if self.ends:
+            for stream in streams:
+                self.ends.pop(stream, None)
+
+    def cap(self, minimum_ns: int) -> int:
+        """How far the watermark may go, the minimum over the other streams being ``minimum_ns``."""
+        return min(minimum_ns, self.confirmed_ns) if self.ends else minimum_ns
+
+    def ask(self, minimum_ns: int, watermark_ns: int) -> list[str]:
+        """The claimed streams whose end offsets to look up now (none: they hold nothing back),
+        the minimum noted for the answer."""
+        if not self.ends or minimum_ns <= watermark_ns:
+            return []
+        self.asked_ns = minimum_ns
+        return list(self.ends)
+
+    def answer(self, ends_by_stream, wm: LowWatermark) -> list[str]:
+        """The end offsets looked up after `ask`: claims still at their end confirm the minimum
+        then; those written since are revived in ``wm`` (returned). A claim made since the
+        asking is not looked at: its stream was in that minimum."""
+        asked, self.asked_ns = self.asked_ns, None
+        if asked is None:
+            return []
+        stale = [s for s, end in self.ends.items() if ends_by_stream.get(s, end) > end]
+        for stream in stale:
+            del self.ends[stream]
+            wm.revive(stream)
+        self.confirmed_ns = max(self.confirmed_ns, asked)
+        return stale

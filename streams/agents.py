@@ -19,9 +19,10 @@ import faust
 from . import topics
 from .fact_reader import FactReader
 from .handlers import ANOMALIES, FACTS, PAUSE_STATES, Record, StageHandlers
+from .history import KafkaHistory
 from .idleness import Idleness
 from .partitions import PartitionStates
-from .source_stage import SourceStage
+from .source_stage import SourceStage, stream_partition
 from .storm_stage import StormStage
 from .straggler_stage import StragglerStage
 
@@ -34,9 +35,13 @@ CLUSTER_TIMER_S = 0.5
 RELEASE_INTERVAL_S = 0.1
 # How often the telemetry partitions are checked for idleness (`streams.idleness`).
 IDLE_CHECK_S = 1.0
+# How often the end offsets of idle partitions are looked up, for the storm stages and the
+# facts (while one holds a watermark back, its delay is up to this).
+PARTITION_ENDS_S = 0.1
 
 
-def register(app: faust.App, handlers: StageHandlers, states: PartitionStates, reader: FactReader) -> None:
+def register(app: faust.App, handlers: StageHandlers, states: PartitionStates, reader: FactReader,
+             history: KafkaHistory) -> None:
     outputs = {ANOMALIES: app.anomalies_topic, PAUSE_STATES: app.pause_states_topic, FACTS: app.facts_topic}
     idleness = Idleness()
 
@@ -120,10 +125,36 @@ def register(app: faust.App, handlers: StageHandlers, states: PartitionStates, r
         if not due:
             return
         async with states.lock:
-            for partition in due:
+            for partition, end_offset in due.items():
                 stage = states.stages.get((topics.TELEMETRY, partition))
                 await send_all(handlers.on_idle(stage if isinstance(stage, SourceStage) else None,
-                                                topics.TELEMETRY, partition, states.telemetry_partitions))
+                                                topics.TELEMETRY, partition, states.telemetry_partitions, end_offset))
+
+    @app.timer(PARTITION_ENDS_S)
+    async def look_up_partition_ends():
+        # Asked under the lock (what each watermark stood at), looked up outside it: the storm
+        # stages' and the facts' (`IdleClaims`).
+        async with states.lock:
+            asking = [(key, stage, stage.partition_ends()) for key, stage in states.stages.items()
+                      if isinstance(stage, StormStage)]
+            asking.append((None, reader.book, reader.book.partition_ends()))
+        asking = [(key, stage, streams) for key, stage, streams in asking if streams]
+        if not asking:
+            return
+        wanted = {stream: stream_partition(stream) for _, _, streams in asking for stream in streams}
+        try:
+            ends = await history.end_offsets(set(wanted.values()))
+        except Exception as exc:            # the broker away: the watermarks wait for the next look-up
+            log.info("looking up idle partitions' end offsets failed: %s", exc)
+            return
+        by_stream = {stream: ends[tp] for stream, tp in wanted.items() if tp in ends}
+        async with states.lock:
+            for key, stage, _ in asking:
+                if key is None:                         # the facts: the straggler stages release on `moved`
+                    if stage.on_partition_ends(by_stream):
+                        reader.moved.set()
+                elif states.stages.get(key) is stage:   # not moved away meanwhile
+                    await send_all(handlers.on_partition_ends(stage, by_stream))
 
     @app.task
     async def read_facts():

@@ -16,9 +16,13 @@ True
 b'{"type":"source_progress","cluster":"c1","through_ns_by_source":{"n1":20,"leaf-u0-r0":30}}'
 >>> pause_change_from_json(pause_change_to_json(p)) == p
 True
->>> p = SourceProgress("", {"t/0": 20}, ("t/0", "t/1"), idle=True)
+>>> p = SourceProgress("", {"t/0": 20}, ("t/0", "t/1"), idle=True, end_offset=42)
+>>> pause_change_to_json(p)
+b'{"type":"source_progress","cluster":"","through_ns_by_source":{"t/0":20},"expect":["t/0","t/1"],"idle":true,"end_offset":42}'
 >>> pause_change_from_json(pause_change_to_json(p)) == p
 True
+>>> pause_change_from_json(b'{"type":"source_progress","cluster":"","through_ns_by_source":{"t/0":20},"idle":true}')
+SourceProgress(cluster='', through_ns_by_source={'t/0': 20}, expect=(), idle=True, end_offset=None)
 """
 from __future__ import annotations
 
@@ -45,6 +49,8 @@ def pause_change_to_json(record: PauseStateChange | SourceProgress) -> bytes:
             doc["expect"] = list(record.expect)
         if record.idle:
             doc["idle"] = True
+        if record.end_offset is not None:
+            doc["end_offset"] = record.end_offset
     else:
         doc = {"type": CHANGE_TYPE, **dataclasses.asdict(record)}
     return json.dumps(doc, separators=(",", ":")).encode()
@@ -83,4 +89,7 @@ def _progress(doc: dict) -> SourceProgress:
     idle = doc.get("idle", False)
     if type(idle) is not bool:
         raise ValueError("source_progress: idle must be true or false")
-    return SourceProgress(cluster, through, tuple(expect), idle)
+    end_offset = doc.get("end_offset")         # absent before idleness named its end offset
+    if end_offset is not None and (type(end_offset) is not int or end_offset < 0):
+        raise ValueError("source_progress: end_offset must be an offset")
+    return SourceProgress(cluster, through, tuple(expect), idle, end_offset)

@@ -19,7 +19,9 @@ partition's facts and its progress stay in order: once a reader has seen partiti
 progress through t, it has seen every fact p wrote about ticks up to t. `FactBook` is
 what a reader keeps; `watermark_ns` is the low watermark over the telemetry partitions
 (`models.watermark.LowWatermark.partitions`: one not read yet is waited for, one its
-reader declared idle is not), through which node health is complete. The topic is compacted: a restarted worker reads it whole and knows every
+reader declared idle is not, as far as a look-up found it still at the end offset it was
+read to: `models.watermark.IdleClaims`, `partition_ends`), through which node health is
+complete. The topic is compacted: a restarted worker reads it whole and knows every
 node's latest digest, vote and placement.
 
 >>> from fabricwatch.models.node_health import NodeHealth
@@ -52,7 +54,7 @@ from google.protobuf.message import DecodeError
 from fabricwatch.models.node_health import Episode, HealthBook, HealthEvent, NodeHealth
 from fabricwatch.models.nominal import NominalRates
 from fabricwatch.models.topology import Topology
-from fabricwatch.models.watermark import LowWatermark
+from fabricwatch.models.watermark import IdleClaims, LowWatermark
 from fabricwatch.protos.v1 import records_pb2 as rec
 
 log = logging.getLogger("fabricwatch.facts")
@@ -69,13 +71,15 @@ class FactError(ValueError):
 @dataclass(frozen=True)
 class Progress:
     """Stage 1 has processed telemetry partition ``partition`` (of ``partitions``) through
-    ``through_ns``; ``idle``: and nothing is left to read there for now."""
+    ``through_ns``; ``idle``: and nothing is left to read there for now, as long as it ends
+    at ``end_offset`` (None: trusted as made, from an older writer)."""
 
     topic: str
     partition: int
     partitions: int
     through_ns: int
     idle: bool = False
+    end_offset: int | None = None
 
     @property
     def stream(self) -> str:
@@ -111,6 +115,7 @@ class FactBook:
         self.nominal = nominal if nominal is not None else NominalRates(topology)
         self.health = health if health is not None else HealthBook(topology=topology)
         self._progress = LowWatermark.partitions()
+        self._claims = IdleClaims()
         self._expected: set[str] = set()
         self._placements: dict[tuple[str, str], JobPlacement] = {}
         self.jobs_by_node: dict[str, set[str]] = {}
@@ -144,9 +149,25 @@ class FactBook:
         self.heard_progress = True
         if p.idle:
             self._progress.idle(p.stream)
+            self._claims.claim(p.stream, p.end_offset)
         else:
             self._progress.advance(((p.stream, p.through_ns),))
-        self.watermark_ns = self._progress.settle()
+            self._claims.heard((p.stream,))
+        self._moved()
+
+    def partition_ends(self) -> list[str]:
+        """The idle partitions whose end offsets to look up now (`IdleClaims.ask`)."""
+        return self._claims.ask(self._progress.minimum_ns(), self.watermark_ns)
+
+    def on_partition_ends(self, ends_by_stream: dict[str, int]) -> bool:
+        """Their end offsets, looked up after `partition_ends`; True when the watermark moved."""
+        before = self.watermark_ns
+        self._claims.answer(ends_by_stream, self._progress)
+        self._moved()
+        return self.watermark_ns > before
+
+    def _moved(self) -> None:
+        self.watermark_ns = max(self.watermark_ns, self._claims.cap(self._progress.minimum_ns()))
         self.health.advance(self.watermark_ns)
 
     def _apply_placement(self, p: JobPlacement) -> None:
@@ -222,6 +243,8 @@ def encode(fact: Fact) -> tuple[bytes, bytes]:
         msg.progress.topic, msg.progress.partition = fact.topic, fact.partition
         msg.progress.partitions, msg.progress.through_unix_ns = fact.partitions, fact.through_ns
         msg.progress.idle = fact.idle
+        if fact.end_offset is not None:
+            msg.progress.end_offset = fact.end_offset
     elif isinstance(fact, NominalVote):
         msg.vote.cluster, msg.vote.node, msg.vote.rate, msg.vote.weight = fact.cluster, fact.node, fact.rate, fact.weight
     else:
@@ -255,7 +278,8 @@ def decode(value: bytes) -> Fact:
         p = msg.progress
         if not p.topic or p.partition >= max(p.partitions, 1):
             raise FactError(f"progress of partition {p.partition} of {p.partitions} of {p.topic!r}")
-        return Progress(p.topic, p.partition, p.partitions, p.through_unix_ns, p.idle)
+        return Progress(p.topic, p.partition, p.partitions, p.through_unix_ns, p.idle,
+                        p.end_offset if p.HasField("end_offset") else None)
     if which == "vote":
         return NominalVote(msg.vote.cluster, msg.vote.node, msg.vote.rate, msg.vote.weight)
     if which == "placement":

@@ -161,9 +161,12 @@ class StageHandlers:
                 out.append(Record(PAUSE_STATES, _cluster_of(r).encode(), value, timestamp_ms=timestamp_ms))
         return out
 
-    def on_idle(self, stage: SourceStage | None, topic: str, partition: int, partitions: int) -> list[Record]:
-        """Stage 1 of a partition with nothing left to read: the others stop waiting for it."""
-        fact, progress = stage.idle() if stage is not None else partition_idle(topic, partition, partitions)
+    def on_idle(self, stage: SourceStage | None, topic: str, partition: int, partitions: int,
+                end_offset: int | None = None) -> list[Record]:
+        """Stage 1 of a partition with nothing left to read (before ``end_offset``): the others
+        stop waiting for it."""
+        fact, progress = stage.idle(end_offset) if stage is not None else \
+            partition_idle(topic, partition, partitions, end_offset=end_offset)
         self.stats["idle_partitions_declared"] += 1
         return self.pause_states([progress], None) + self.facts([fact], partition, None)
 
@@ -218,6 +221,10 @@ class StageHandlers:
         found, placements = outs[0]
         return self.anomalies(found) + self.facts(placements, partition, None)
 
+    def on_partition_ends(self, stage: StormStage, ends_by_stream: dict[str, int]) -> list[Record]:
+        """Stage 2 given the end offsets of the idle partitions it asked for (`partition_ends`)."""
+        return self.anomalies(self._guarded("partition end offsets", lambda: stage.on_partition_ends(ends_by_stream)))
+
     def on_timer(self, stage: StormStage, now_ns: int) -> list[Record]:
         """Stage 2 without records: let grace periods expire."""
         return self.anomalies(self._guarded("the cluster timer", lambda: stage.poll(now_ns)))
@@ -228,7 +235,8 @@ def merge_progress(progress: list[SourceProgress]) -> list[SourceProgress]:
 
     >>> merge_progress([SourceProgress("", {"t/0": 5}, ("t/0", "t/1")), SourceProgress("", {"t/1": 7}, ("t/0", "t/1")),
     ...                 SourceProgress("", {"t/0": 9}, ("t/0", "t/1"))])
-    [SourceProgress(cluster='', through_ns_by_source={'t/0': 9, 't/1': 7}, expect=('t/0', 't/1'), idle=False)]
+    [SourceProgress(cluster='', through_ns_by_source={'t/0': 9, 't/1': 7}, expect=('t/0', 't/1'), idle=False,
+     end_offset=None)]
     """
     if len(progress) <= 1:
         return progress

@@ -1,13 +1,13 @@
 """Read one partition's past records, outside the worker's consumer group.
 
 Used by `streams.rebuild` to fold the records another worker processed into this worker's
-detection state. A plain aiokafka consumer with no group: it commits nothing and joins no
+detection state, and by the storm stages to look up idle partitions' end offsets. A plain aiokafka consumer with no group: it commits nothing and joins no
 rebalance, so reading history cannot disturb the group that moves the live records.
 """
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -50,6 +50,12 @@ class KafkaHistory:
         consumer = await self._get()
         tp = TopicPartition(topic, partition)
         return (await consumer.end_offsets([tp]))[tp]
+
+    async def end_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """Per (topic, partition): the offset the next record written there will get."""
+        consumer = await self._get()
+        found = await consumer.end_offsets([TopicPartition(t, p) for t, p in partitions])
+        return {(tp.topic, tp.partition): offset for tp, offset in found.items()}
 
     async def read(self, topic: str, partition: int, start: int, end: int) -> AsyncIterator[tuple[int, bytes]]:
         """(offset, value) of the records in [start, end); offsets the log no longer has are skipped."""

@@ -6,17 +6,19 @@ drains a backlog or has only just been given it, is *behind*, and waiting for it
 makes a backlog give the live answers. Only the worker that reads a partition can tell
 behind from *idle* (no collector writes there any more, or none ever did): it has read
 up to the partition's end and nothing came for `IDLE_AFTER_S`. Then stage 1 says so
-(`SourceStage.idle`), and the others stop waiting until the partition reports again.
+(`SourceStage.idle`), naming the end offset it read up to, and the others stop waiting
+until the partition reports again or is found to end past that offset (its reader died
+and more was written: `streams.storm_stage`).
 
 >>> clock = [0.0]
 >>> idle = Idleness(idle_after_s=5.0, clock=lambda: clock[0])
 >>> idle.read(3, offset=41)
 False
 >>> clock[0] = 6.0
->>> idle.due({3: 42, 4: 0}, positions={4: 0})      # 3 read to its end, 4 empty: both idle
-[3, 4]
+>>> idle.due({3: 42, 4: 0}, positions={4: 0})      # 3 read to its end, 4 empty: both idle, up to
+{3: 42, 4: 0}
 >>> idle.due({3: 42, 4: 0}, positions={4: 0})      # said once
-[]
+{}
 >>> idle.read(3, offset=42)                        # it reports again
 True
 """
@@ -52,25 +54,23 @@ class Idleness:
     def has_read(self, partition: int) -> bool:
         return partition in self._offset
 
-    def due(self, highwaters: Mapping[int, int | None], positions: Mapping[int, int | None]) -> list[int]:
-        """The assigned partitions to declare idle now (each once until it is read again).
+    def due(self, highwaters: Mapping[int, int | None], positions: Mapping[int, int | None]) -> dict[int, int]:
+        """The assigned partitions to declare idle now (each once until it is read again), with
+        the offset each has been read up to (what the declaration holds for).
 
         ``highwaters``: each assigned partition's end offset (None: not known yet);
         ``positions``: the fetch position of those of them not read in this process.
         """
         now = self.clock()
-        out = []
+        out = {}
         for partition, end in sorted(highwaters.items()):
             if partition in self._idle or end is None:
                 continue
-            if partition in self._offset:
-                at_end = self._offset[partition] + 1 >= end
-            else:
-                position = positions.get(partition)
-                at_end = position is not None and position >= end
-            if at_end and now - self._at.get(partition, self._since) >= self.idle_after_s:
+            read_to = self._offset[partition] + 1 if partition in self._offset else positions.get(partition)
+            if read_to is not None and read_to >= end and \
+                    now - self._at.get(partition, self._since) >= self.idle_after_s:
                 self._idle.add(partition)
-                out.append(partition)
+                out[partition] = read_to
         return out
 
     def forget(self, keep: set[int]) -> None:

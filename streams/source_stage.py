@@ -99,8 +99,8 @@ class SourceStage:
         self.config = config
         self.facts, self.topology = facts, topology
         self.topic, self.partition, self.partitions = topic, partition, partitions
-        self.stream = f"{topic}/{partition}"
-        self.streams = tuple(f"{topic}/{i}" for i in range(partitions))
+        self.stream = partition_stream(topic, partition)
+        self.streams = tuple(partition_stream(topic, i) for i in range(partitions))
         self.rates = RateTracker()
         fec = FecMemory()       # one per stage: the link detectors share its evidence
         self.downgrade = LinkDowngradeDetector(topology, config.default_nic_rate, config.gpu_busy_utilization_pct,
@@ -229,11 +229,12 @@ class SourceStage:
             self._sent_pauses_ns = pauses_through
             out.pause_records.append(SourceProgress("", {self.stream: pauses_through}, self.streams))
 
-    def idle(self) -> tuple[Progress, SourceProgress]:
-        """The partition has nothing left to read: what tells the other stages so. Its next
-        record's progress goes out whatever it advanced (the others wait for it again)."""
+    def idle(self, end_offset: int | None = None) -> tuple[Progress, SourceProgress]:
+        """The partition has nothing left to read (before ``end_offset``): what tells the other
+        stages so. Its next record's progress goes out whatever it advanced (the others wait
+        for it again)."""
         self._sent_ns = self._sent_pauses_ns = -(2**62)
-        return partition_idle(self.topic, self.partition, self.partitions, self._watermark.value_ns)
+        return partition_idle(self.topic, self.partition, self.partitions, self._watermark.value_ns, end_offset)
 
     # -- state ----------------------------------------------------------------------------
     @property
@@ -241,8 +242,21 @@ class SourceStage:
         return self.accounting.open_anomalies
 
 
-def partition_idle(topic: str, partition: int, partitions: int, through_ns: int = 0) -> tuple[Progress, SourceProgress]:
-    """A telemetry partition (with or without a stage yet) is idle: its fact and its record."""
-    stream = f"{topic}/{partition}"
-    return (Progress(topic, partition, partitions, through_ns, idle=True),
-            SourceProgress("", {stream: through_ns}, tuple(f"{topic}/{i}" for i in range(partitions)), idle=True))
+def partition_idle(topic: str, partition: int, partitions: int, through_ns: int = 0,
+                   end_offset: int | None = None) -> tuple[Progress, SourceProgress]:
+    """A telemetry partition (with or without a stage yet) is idle, read up to ``end_offset``:
+    its fact and its record."""
+    streams = tuple(partition_stream(topic, i) for i in range(partitions))
+    return (Progress(topic, partition, partitions, through_ns, idle=True, end_offset=end_offset),
+            SourceProgress("", {partition_stream(topic, partition): through_ns}, streams, idle=True, end_offset=end_offset))
+
+
+def partition_stream(topic: str, partition: int) -> str:
+    """The name of a telemetry partition as a stream of the storm stage's watermark."""
+    return f"{topic}/{partition}"
+
+
+def stream_partition(stream: str) -> tuple[str, int]:
+    """`partition_stream` read back: (topic, partition)."""
+    topic, _, partition = stream.rpartition("/")
+    return topic, int(partition)

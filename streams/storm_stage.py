@@ -17,6 +17,13 @@ partition, and only the progress after them says which came first. The jobs on t
 victims' nodes come from the facts (placements that stage 3 publishes), as they are
 known when the storm is judged.
 
+An idle partition's claim holds only while nothing more was written there
+(`models.watermark.IdleClaims`): its reader may die right after it, and what is written
+next would be judged late (a deadlock missed, a storm split in two). The worker looks the
+claimed partitions' end offsets up every 0.1 s (`partition_ends`, `on_partition_ends`):
+while a partition is idle, the stage's answers wait up to one look-up more; with none
+idle, nothing waits.
+
 Load: a healthy fabric sends no changes, only progress (at most one record per worker
 batch to each pause-states partition, naming the telemetry partitions it advanced, each
 at most every 50 ms of its event time); a storm sends a few changes per paused port. One partition serves a 100,000-GPU cluster with room to spare
@@ -27,13 +34,14 @@ from __future__ import annotations
 import heapq
 import time
 from collections import Counter
+from collections.abc import Mapping
 
 from fabricwatch.models.findings import Finding
 from fabricwatch.models.pfc_storm import PauseStateChange
 from fabricwatch.models.pfc_deadlock import PfcDeadlockDetector
 from fabricwatch.models.storm_locator import SourceProgress, StormLocator
 from fabricwatch.models.topology import Topology
-from fabricwatch.models.watermark import LowWatermark
+from fabricwatch.models.watermark import IdleClaims, LowWatermark
 
 from .accounting import Accounting
 from .config import DetectionConfig
@@ -62,6 +70,8 @@ class StormStage:
         self._placements_version = -1
         self._newest_ns = 0
         self._partitions: LowWatermark | None = None      # from the first partition progress on
+        self._released_ns = 0                                # the watermark: changes applied, clocks moved
+        self._claims = IdleClaims()                          # idle partitions, passed as far as confirmed
         # changes not yet complete (newer than the watermark): (at, entity, role, seq, change)
         self._held: list[tuple[int, str, str, int, PauseStateChange]] = []
         self._seq = 0
@@ -72,6 +82,9 @@ class StormStage:
         state.setdefault("_held", [])
         state.setdefault("_seq", 0)
         state.setdefault("_deadlocks", {})
+        parts = state.get("_partitions")
+        state.setdefault("_released_ns", parts.value_ns if parts is not None else 0)
+        state.setdefault("_claims", IdleClaims())
         state["stats"] = Counter(state.get("stats", {}))
         self.__dict__.update(state)
 
@@ -115,7 +128,7 @@ class StormStage:
             return self.accounting.settle(self._assessed(found), cluster, received_ns, started)
         cluster = record.entity.cluster
         self._newest_ns = max(self._newest_ns, record.at_ns)
-        if self._partitions is not None and record.at_ns <= self._partitions.value_ns:
+        if self._partitions is not None and record.at_ns <= self._released_ns:
             self.stats["changes_behind_watermark"] += 1    # a partition revived after it was declared idle
             found = self._apply(record)
         else:
@@ -152,16 +165,44 @@ class StormStage:
         if wm is None:
             wm = self._partitions = LowWatermark.partitions()
             wm.expect(record.expect, 0)                     # a partition not read yet may be anywhere behind
-        before = wm.value_ns
         if record.idle:
             for stream in record.through_ns_by_source:
                 wm.idle(stream)
+                self._claims.claim(stream, record.end_offset)
         else:
             wm.advance(record.through_ns_by_source.items())
+            self._claims.heard(record.through_ns_by_source)
             self._newest_ns = max(self._newest_ns, max(record.through_ns_by_source.values(), default=0))
-        now = wm.settle()
-        if now == before and before:
+        return self._moved()
+
+    def partition_ends(self) -> list[str]:
+        """The idle partitions whose end offsets to look up now (none: the watermark is not
+        held by them); the minimum they hold back is noted, for `on_partition_ends`."""
+        if self._partitions is None:
             return []
+        return self._claims.ask(self._partitions.minimum_ns(), self._released_ns)
+
+    def on_partition_ends(self, ends_by_stream: Mapping[str, int]) -> list[Finding]:
+        """The end offsets of the partitions `partition_ends` named, looked up after it was
+        asked: the watermark past those still at their claim, up to where it stood then."""
+        started = time.perf_counter()
+        if self._partitions is None:
+            return []
+        stale = self._claims.answer(ends_by_stream, self._partitions)
+        if stale:
+            self.stats["idle_partitions_written_since"] += len(stale)
+        found = self._assessed(self._moved())
+        self.accounting.account(found, started)
+        return found
+
+    def _moved(self) -> list[Finding]:
+        """The watermark to the partitions' minimum, past the idle ones only as far as confirmed:
+        the changes it completes applied, the clocks moved."""
+        before = self._released_ns
+        low = self._claims.cap(self._partitions.minimum_ns())
+        if low <= before and before:
+            return []
+        now = self._released_ns = max(before, low)
         found = self._release(now)
         return (found + [f for cluster, loc in self._locators.items() for f in loc.progress(self._told(cluster, now))]
                 + [f for dl in self._deadlocks.values() for f in dl.advance(now)])
@@ -173,7 +214,7 @@ class StormStage:
     @property
     def watermark_ns(self) -> int | None:
         """The low watermark over the telemetry partitions (None before any progress)."""
-        return None if self._partitions is None else self._partitions.value_ns
+        return None if self._partitions is None else self._released_ns
 
     def poll(self, now_ns: int) -> list[Finding]:
         """Let grace periods expire when no record arrives (a timer calls it).

@@ -64,7 +64,7 @@ def run_worker(settings: WorkerSettings, detection: DetectionConfig, topology: T
         topics.RANK_STEPS: settings.rebuild_rank_steps_lookback_s}, flush=lambda: app.producer.flush(),
         telemetry_partitions=telemetry_partitions)
     handlers = StageHandlers(facts_partitions, pause_partitions)
-    register(app, handlers, states, reader)
+    register(app, handlers, states, reader, history=KafkaHistory(settings.bootstrap))
 
     if store is not None:
         @app.timer(settings.checkpoint_interval_s)

@@ -2,7 +2,7 @@
 
 One recording (16 nodes at the collectors' cadence: a PFC storm with victims, a NIC
 downgrade, a link flap, a thermal straggler, a straggler behind a slow NIC, a GPU that
-fell off the bus) is cut into Kafka records exactly as the gateway cuts them
+fell off the bus, a PFC deadlock of two leaves and both spines that spans the kill) is cut into Kafka records exactly as the gateway cuts them
 (`streams.gateway.split_records`, the node collector's lingering) and written as a
 backlog to three sets of topics of their own (`FABRICWATCH_TOPIC_PREFIX`). Each set is
 drained by real `fabricwatch worker` processes: one worker; three in one consumer group;
@@ -35,7 +35,7 @@ from fabricwatch.protos.v1 import records_pb2 as rec
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.simulator.cluster import ClusterSimulator
 from fabricwatch.simulator.encoding import COLLECTOR_CADENCE
-from fabricwatch.simulator.fabric_faults import LinkDowngrade, LinkFlap, PfcStorm
+from fabricwatch.simulator.fabric_faults import LinkDowngrade, LinkFlap, PfcDeadlock, PfcStorm
 from fabricwatch.simulator.host_faults import GpuXid, Straggler
 from fabricwatch.simulator.workload import Job
 from fabricwatch.streams import topics
@@ -56,6 +56,9 @@ DEFAULT_ONSET_TOLERANCE_NS = 1_050_000_000
 IMPACT_TOLERANCE = 0.25
 CAUGHT_UP_TIMEOUT_S = 240
 SETTLE_S = 4.0
+# Two leaves and the two spines pausing each other: a deadlock that spans the kill (at half time).
+DEADLOCK_LOOP = (("leaf-u0-r0", "Ethernet8"), ("spine-0", "Ethernet2"), ("leaf-u1-r0", "Ethernet9"),
+                 ("spine-1", "Ethernet0"))
 
 
 # ---------------------------------------------------------------------- the recording
@@ -116,7 +119,8 @@ def record_scenario(tmp_path: Path) -> Recording:
               LinkDowngrade("node-0011", "mlx5_0/1", onset_s=14.0),
               LinkFlap("node-0012", "mlx5_1/1", onset_s=18.0, down_s=2.0),
               Straggler("node-0014", gpu=0, onset_s=12.0, offset_s=30.0, factor=1.5, cause="nic_downgrade"),
-              GpuXid("node-0009", gpu=0, code=79, onset_s=24.0, offset_s=30.0)]
+              GpuXid("node-0009", gpu=0, code=79, onset_s=24.0, offset_s=30.0),
+              PfcDeadlock(DEADLOCK_LOOP, onset_s=16.0, offset_s=28.0)]
     start_ns = time.time_ns() - int((SECONDS + 10) * 1e9)
     sim = ClusterSimulator(topo, seed=4, jobs=jobs, faults=faults, cadence=COLLECTOR_CADENCE, start_unix_ns=start_ns)
     snapshots = [s for tick in sim.run(SECONDS) for s in tick]
@@ -237,7 +241,7 @@ def test_the_recording_holds_every_kind_the_comparison_needs(recording):
     snapshots (cut into 1 s windows, not the collectors' records) agrees with it."""
     assert_same_answers("replay", None, recording.replayed, recording.oracle)
     kinds = {a.kind for a in recording.oracle.values()}
-    assert {"pfc_storm", "link_downgrade", "link_flap", "straggler", "gpu_xid"} <= kinds
+    assert {"pfc_storm", "pfc_deadlock", "link_downgrade", "link_flap", "straggler", "gpu_xid"} <= kinds
     storm = next(a for a in recording.oracle.values() if a.kind == "pfc_storm")
     assert storm.entity.endswith("node-0007/mlx5_1/1") and len(storm.victims) >= 4 and storm.resolved
     causes = {a.entity.split("/")[-2]: a.cause for a in recording.oracle.values() if a.kind == "straggler"}

@@ -32,7 +32,9 @@ from fabricwatch.simulator.workload import Job
 from fabricwatch.streams import source_stage
 from fabricwatch.streams.config import DetectionConfig
 from fabricwatch.streams.decode import snapshot_batch
-from fabricwatch.streams.facts import Progress
+from fabricwatch.streams.facts import FactBook, Progress
+from fabricwatch.streams.facts import decode as facts_decode
+from fabricwatch.streams.facts import encode as facts_encode
 from fabricwatch.streams.storm_stage import StormStage
 from fabricwatch.streams.codec import RecordError, pause_change_from_json, pause_change_to_json
 from fabricwatch.streams.pipeline import DetectionPipeline
@@ -397,6 +399,86 @@ def test_an_idle_partition_is_not_waited_for_and_one_never_heard_is():
     assert pause_change_from_json(pause_change_to_json(idle_2)) == idle_2
 
 
+def test_an_idle_claim_is_passed_only_as_far_as_a_look_up_found_the_partition_still_at_its_end():
+    """An idle partition's reader may die right after its claim: what is written there next
+    waits for the partition's new reader. The watermark passes the claim only up to where it
+    stood when a look-up of the end offsets was asked for that found it unchanged; a
+    partition written past its claim is waited for again, its changes judged in order."""
+    stage = StormStage(DetectionPipeline().config, TOPO, DetectionPipeline().facts)
+    streams = ("t/0", "t/1", "t/2")
+
+    def through(at_ms, *parts):
+        return stage.locate(SourceProgress("", {f"t/{p}": T0 + at_ms * MS for p in parts}, streams))
+
+    through(1_000, 0, 1)
+    assert stage.watermark_ns == 0                          # t/2 not read yet
+    stage.locate(SourceProgress("", {"t/2": T0}, streams, idle=True, end_offset=10))
+    assert stage.watermark_ns == 0                          # the claim not confirmed yet
+    assert stage.partition_ends() == ["t/2"]
+    through(2_000, 0, 1)                                    # read after the asking: not confirmed by it
+    stage.on_partition_ends({"t/2": 10})
+    assert stage.watermark_ns == T0 + 1_000 * MS
+    assert stage.partition_ends() == ["t/2"]                # 2 s is still to be confirmed
+    stage.on_partition_ends({"t/2": 12})                    # written since (its reader died): waited for
+    assert stage.watermark_ns == T0 + 1_000 * MS and stage.partition_ends() == []
+    through(4_000, 0, 1)
+    assert stage.watermark_ns == T0 + 1_000 * MS
+    late = change(SOURCE_NIC, PAUSING, 1_500)               # t/2's new reader: a change the others passed
+    assert stage.locate(late) == [] and stage.stats["changes_behind_watermark"] == 0
+    through(4_000, 2)
+    assert stage.watermark_ns == T0 + 4_000 * MS
+    assert stage.stats["idle_partitions_written_since"] == 1
+
+
+def test_a_partition_whose_reader_died_after_its_idle_claim_gives_the_same_storm():
+    """The storm source's partition goes idle before the storm, its reader dies, and the rest of
+    it is written while the others are read whole; the worker looks the ends up every few
+    records. Its changes are waited for (not judged behind the watermark): the same storm
+    as when the partitions are read side by side."""
+    _, sent, side_by_side = storm_judge()
+    topo, facts, _ = stage_1_by_partition()
+    config = DetectionPipeline().config
+    p = next(i for i, rs in enumerate(sent) if any(getattr(r, "entity", None) and r.entity.node == "node-0003"
+                                                    for r in rs))
+    first_change = next(i for i, r in enumerate(sent[p]) if not isinstance(r, SourceProgress))
+    stream = f"t/{p}"
+    claim = SourceProgress("", {stream: max(r.through_ns_by_source[stream] for r in sent[p][:first_change]
+                                            if isinstance(r, SourceProgress))},
+                           tuple(f"t/{i}" for i in range(len(sent))), idle=True, end_offset=first_change)
+    order = sent[p][:first_change] + [claim] + [r for i, rs in enumerate(sent) if i != p for r in rs] \
+        + sent[p][first_change:]
+    stage, found = StormStage(config, topo, facts), []
+    for n, r in enumerate(order):
+        found += stage.locate(r)
+        if n % 5 == 0 and stage.partition_ends():
+            found += stage.on_partition_ends({stream: len(sent[p])})     # all of it written by now
+    assert storm_answers(found) == side_by_side
+    assert stage.stats["changes_behind_watermark"] == 0
+
+
+def test_the_facts_watermark_passes_an_idle_claim_only_as_far_as_a_look_up_confirmed():
+    """Node health likewise: the facts' watermark passes a partition declared idle only up to
+    where it stood when a look-up found it still at its claim; one written since (its reader
+    died) is waited for again."""
+    topic, second = "fw.telemetry.v2", 1_000_000_000
+    book = FactBook()
+    book.apply(Progress(topic, 0, 2, 5 * second))
+    claim = Progress(topic, 1, 2, 1 * second, idle=True, end_offset=7)
+    assert facts_decode(facts_encode(claim)[1]) == claim
+    book.apply(facts_decode(facts_encode(claim)[1]))
+    assert book.watermark_ns == 0                           # not confirmed yet
+    assert book.partition_ends() == [f"{topic}/1"]
+    assert book.on_partition_ends({f"{topic}/1": 7}) and book.watermark_ns == 5 * second
+    book.apply(Progress(topic, 0, 2, 9 * second))
+    assert book.partition_ends() == [f"{topic}/1"]
+    assert not book.on_partition_ends({f"{topic}/1": 9})    # written since: waited for again
+    assert book.watermark_ns == 5 * second and book.partition_ends() == []
+    book.apply(Progress(topic, 1, 2, 9 * second))
+    assert book.watermark_ns == 9 * second
+    old = Progress(topic, 1, 2, 1 * second, idle=True)      # an older writer's claim: trusted as made
+    assert facts_decode(facts_encode(old)[1]) == old
+
+
 def test_lingering_collectors_do_not_hold_the_storm_clock_back_but_node_health_waits_for_them():
     """Live, each node's ticks arrive up to its linger (2 s) late; a pausing port is handed
     over at once. Stage 1's progress for the storm stage runs at the newest tick (within
@@ -436,6 +518,8 @@ def test_progress_and_change_records_round_trip_and_old_change_records_decode():
     b'{"type":"source_progress","cluster":"c1","through_ns_by_source":[["n1",12]]}',
     b'{"type":"source_progress","cluster":7,"through_ns_by_source":{}}',
     b'{"type":"source_progress","through_ns_by_source":{}}',
+    b'{"type":"source_progress","cluster":"","through_ns_by_source":{"t/0":1},"idle":true,"end_offset":-1}',
+    b'{"type":"source_progress","cluster":"","through_ns_by_source":{"t/0":1},"idle":true,"end_offset":true}',
     b'{"type":"pause_state_summary","cluster":"c1"}',
     b'["not", "an", "object"]',
 ])
