@@ -44,10 +44,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from fabricwatch.models.findings import JOB_KEY, EntityRef
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.simulator.labels import GroundTruth
+from fabricwatch.streams.events import entity_ref
 from fabricwatch.xid import UNCORRECTABLE_ECC_XIDS
 
 from .scenarios import fault_class
@@ -97,7 +99,7 @@ def grace_ns(cls: str | None, interval_s: float, expect_alert: bool = True) -> i
 class Detection:
     """An OPEN event reduced to what scoring needs (picklable, detector-agnostic)."""
     kind: str
-    entity: str                 # canonical path: node/device/port, switch/port, job/<id>/rank/<r>
+    entity: str                 # `entity_path`: node/device/port, switch/port, job=<id>/rank=<r>
     detected_ns: int
     node: str = ""
     device: str = ""
@@ -110,12 +112,12 @@ class Detection:
 
 
 def entity_path(e: ev.EntityPath) -> str:
-    """The ground-truth spelling of an event entity ("node-0003/mlx5_2/1", "leaf-u0-r2/Ethernet3")."""
-    if e.job:
-        return f"job/{e.job}/rank/{e.rank}" if e.rank else f"job/{e.job}"
-    if e.switch:
-        return "/".join(p for p in (e.switch, e.port) if p)
-    return "/".join(p for p in (e.node, e.device, e.port) if p)
+    """An event entity as the ground truth names it ("node-0003/mlx5_2/1", "leaf-u0-r2/Ethernet3",
+    "job=j/rank=3"): its `EntityRef.local_path`, without a switch queue (the truth names the port)."""
+    ref = entity_ref(e)
+    if ref.switch and not ref.job:
+        ref = replace(ref, device="")
+    return ref.local_path()
 
 
 def detection_from_event(event: ev.AnomalyEvent) -> Detection | None:
@@ -170,7 +172,7 @@ class Match:
 
 def _node_of(path: str) -> str:
     head = path.split("/", 1)[0]
-    return head if head and not head.startswith(("leaf", "spine", "job")) else ""
+    return head if head and not head.startswith(("leaf", "spine", JOB_KEY)) else ""
 
 
 @dataclass(frozen=True)
@@ -202,9 +204,9 @@ def _truths(gts: list[GroundTruth], interval_s: float, end_ns: int) -> list[_Tru
             sources.update(gt.detail.get("culprits", ()))
         job = rank = ""
         node = str(gt.detail.get("node", "")) if gt.detail else ""
-        if gt.entity.startswith("job/"):
-            parts = gt.entity.split("/")
-            job, rank = parts[1], (parts[3] if len(parts) > 3 else "")
+        if gt.entity.startswith(JOB_KEY):
+            ref = EntityRef.parse(gt.entity)
+            job, rank = ref.job, ref.rank
         paths = (gt.entity, *gt.related, *gt.victims)
         nodes = {n for n in (_node_of(p) for p in paths) if n}
         if node:

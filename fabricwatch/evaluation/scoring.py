@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from fabricwatch.models.ecmp_imbalance import OPEN_WINDOWS, WINDOW_S
+from fabricwatch.models.findings import EntityRef
 from fabricwatch.models.impact import projected_gpu_hours
 from fabricwatch.models.link_down import LINK_DOWN_HOLD_S
 from fabricwatch.models.pfc_deadlock import DEADLOCK_HOLD_MS
@@ -140,7 +141,7 @@ def score(runs: list[ScenarioRun], detectors: tuple[str, ...] = DETECTORS) -> Sc
                 c.tp += 1
                 c.delays_s.append(tp.delay_ns / 1e9)
                 if tp.cls == "straggler":
-                    job = tp.entity.split("/")[1]
+                    job = EntityRef.parse(tp.entity).job
                     n = _steps_between(run, job, tp.onset_ns, tp.detected_ns)
                     if n is not None:
                         c.delay_steps.append(n)
