@@ -21,15 +21,17 @@ from fabricwatch.models.vocabulary import NIC_DOWN, PROCESS_LOST, STUCK_PROCESS,
 
 
 def nic_path(node: str, nic: str) -> str:
-    return f"{node}/{nic}"
+    """``nic``: the NIC port's entity id, ``"<device>/<port>"``."""
+    device, _, port = nic.partition("/")
+    return EntityRef(node=node, device=device, port=port).local_path()
 
 
 def gpu_path(node: str, gpu: int) -> str:
-    return f"{node}/gpu{gpu}"
+    return EntityRef(node=node, device=f"gpu{gpu}").local_path()
 
 
 def port_path(switch: str, port: str) -> str:
-    return f"{switch}/{port}"
+    return EntityRef(switch=switch, port=port).local_path()
 
 
 def rank_path(job_id: str, rank: int) -> str:
