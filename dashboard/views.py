@@ -8,6 +8,7 @@ functions read it and build answers, and change with the browser's needs, not th
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import re
 from dataclasses import dataclass
@@ -273,7 +274,7 @@ class FeedFilter:
         return cls(kind=str(query.get("kind", "")).strip(), min_severity=severity,
                    job=str(query.get("job", "")).strip(), switch=str(query.get("switch", "")).strip())
 
-    @property
+    @functools.cached_property
     def event_filter(self) -> EventFilter:
         """This filter as the shared core; the state adds what it knows (a job's nodes, switch peers)."""
         return EventFilter(kinds=frozenset({self.kind} - {""}), min_severity=self.min_severity, job=self.job,

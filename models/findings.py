@@ -66,10 +66,6 @@ class EntityRef:
                              port=self.port)
         return self
 
-    def hosts(self) -> tuple[str, ...]:
-        """The switch or node the entity is on (empty for a job or rank without one)."""
-        return tuple(h for h in (self.switch or self.node,) if h)
-
     @classmethod
     def parse(cls, path: str, *, with_cluster: bool = False,
               is_switch: Callable[[str], bool] = lambda name: False) -> EntityRef:
