@@ -39,8 +39,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .vocabulary import (ECMP_IMBALANCE, GPU_ECC_UNCORRECTABLE, GPU_XID, HANG, LINK_DOWN, LINK_DOWNGRADE, LINK_FLAP,
-                         PCIE_DOWNGRADE, PFC_DEADLOCK, PFC_STORM, STRAGGLER, UNKNOWN_ANOMALY)
+from .vocabulary import (CRITICAL, ECMP_IMBALANCE, GPU_ECC_UNCORRECTABLE, GPU_XID, HANG, LINK_DOWN, LINK_DOWNGRADE,
+                         LINK_FLAP, PCIE_DOWNGRADE, PFC_DEADLOCK, PFC_STORM, STRAGGLER, UNKNOWN_ANOMALY)
 
 MEASURED, ESTIMATED = "measured", "estimated"
 BASES = (MEASURED, ESTIMATED)
@@ -119,7 +119,7 @@ class ImpactModel:
 
     def lost_fraction(self, kind: str, severity: str, evidence: Mapping[str, float]) -> tuple[float, bool]:
         """(fraction of the jobs' throughput lost, stalled)."""
-        if severity == "critical" and kind in STALLING_KINDS:
+        if severity == CRITICAL and kind in STALLING_KINDS:
             return 1.0, True
         ratio = evidence.get("slowdown")
         if ratio is not None and ratio == ratio and ratio > 1.0:

@@ -101,6 +101,14 @@ def test_the_policy_knows_exactly_the_vocabulary():
         parse_policy("rules: [{name: r, match: {cause: overheated}, actions: [alert]}]")
 
 
+def test_the_cli_refuses_an_expected_kind_no_detector_emits(capsys):
+    from fabricwatch.cli import build_parser
+    assert build_parser().parse_args(["up", "--expect", "pfc_storm,straggler"]).expect == "pfc_storm,straggler"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["up", "--expect", "pfc_storm,stragler"])
+    assert "unknown anomaly kind stragler" in capsys.readouterr().err
+
+
 def test_severities_lifecycles_and_outcomes_are_the_protobuf_enums_names():
     def names(enum, prefix: str) -> list[str]:
         return [v.name.removeprefix(prefix).lower() for v in enum.DESCRIPTOR.values if v.number]
