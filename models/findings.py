@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .vocabulary import CRITICAL, INFO, OPEN, RESOLVED, UPDATE, WARNING
 
@@ -62,8 +62,7 @@ class EntityRef:
     def located(self) -> EntityRef:
         """Where the entity sits in the hardware: a rank's GPU (or node) when known, else itself."""
         if self.job and (self.node or self.switch):
-            return EntityRef(cluster=self.cluster, switch=self.switch, node=self.node, device=self.device,
-                             port=self.port)
+            return replace(self, job="", rank="")
         return self
 
     @classmethod

@@ -47,6 +47,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from fabricwatch.models.findings import JOB_KEY, EntityRef
+from fabricwatch.models.vocabulary import (GPU_ECC_UNCORRECTABLE, GPU_XID, HANG, LINK_DOWN, LINK_DOWNGRADE, LINK_FLAP,
+                                           PCIE_DOWNGRADE, PFC_STORM, STRAGGLER)
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.simulator.labels import GroundTruth
 from fabricwatch.streams.events import entity_ref
@@ -63,23 +65,23 @@ CLOCK_TOLERANCE_NS = 10_000_000
 
 # Classes an expected fault explains when they open on an entity it touches.
 CONSEQUENCES: dict[str, frozenset[str]] = {
-    "link_downgrade": frozenset({"straggler"}),
-    "pcie_downgrade": frozenset({"straggler"}),
-    "link_flap": frozenset({"straggler"}),
-    "link_down": frozenset({"straggler", "hang"}),
-    "pfc_storm": frozenset({"straggler", "hang"}),
-    "gpu_xid": frozenset({"straggler", "hang"}),
-    "gpu_ecc_uncorrectable": frozenset(),
+    LINK_DOWNGRADE: frozenset({STRAGGLER}),
+    PCIE_DOWNGRADE: frozenset({STRAGGLER}),
+    LINK_FLAP: frozenset({STRAGGLER}),
+    LINK_DOWN: frozenset({STRAGGLER, HANG}),
+    PFC_STORM: frozenset({STRAGGLER, HANG}),
+    GPU_XID: frozenset({STRAGGLER, HANG}),
+    GPU_ECC_UNCORRECTABLE: frozenset(),
     # the straggler's own cause, where it is an anomaly of its own on its node (its dead NIC)
-    "straggler": frozenset({"link_flap", "link_down"}),
+    STRAGGLER: frozenset({LINK_FLAP, LINK_DOWN}),
 }
 
 # Classes whose ground truth names victims that are not at fault (storm-paused ports; the
 # sibling GPUs whose contexts an XID cascade cleaned up with XID 45): an alarm there is a FP.
-_VICTIM_CLASSES = frozenset({"pfc_storm", "gpu_xid"})
+_VICTIM_CLASSES = frozenset({PFC_STORM, GPU_XID})
 
 # Kinds whose source is a NIC link: the leaf port facing it is the same incident.
-_LINK_CLASSES = frozenset({"link_downgrade", "link_flap", "pfc_storm", "link_down"})
+_LINK_CLASSES = frozenset({LINK_DOWNGRADE, LINK_FLAP, PFC_STORM, LINK_DOWN})
 
 
 def grace_ns(cls: str | None, interval_s: float, expect_alert: bool = True) -> int:
@@ -90,7 +92,7 @@ def grace_ns(cls: str | None, interval_s: float, expect_alert: bool = True) -> i
     """
     if not expect_alert:
         return int(max(2.0, 10 * interval_s) * 1e9)
-    if cls == "straggler":
+    if cls == STRAGGLER:
         return int(60e9)
     return int(max(5.0, 10 * interval_s) * 1e9)
 
@@ -200,7 +202,7 @@ def _truths(gts: list[GroundTruth], interval_s: float, end_ns: int) -> list[_Tru
         sources = {gt.entity}
         if cls in _LINK_CLASSES:
             sources.update(gt.related)
-        if cls == "hang":                 # a job held up by two ranks at once (a two-port storm): either
+        if cls == HANG:                 # a job held up by two ranks at once (a two-port storm): either
             sources.update(gt.detail.get("culprits", ()))
         job = rank = ""
         node = str(gt.detail.get("node", "")) if gt.detail else ""
@@ -217,7 +219,7 @@ def _truths(gts: list[GroundTruth], interval_s: float, end_ns: int) -> list[_Tru
 
 
 def _is_source(t: _Truth, d: Detection) -> bool:
-    if t.cls == "straggler":
+    if t.cls == STRAGGLER:
         if not (d.job == t.job and d.rank == t.rank):
             return False
         return not d.node or not t.node or d.node == t.node
@@ -227,12 +229,12 @@ def _is_source(t: _Truth, d: Detection) -> bool:
 def _explains(t: _Truth, d: Detection, cls: str, job_nodes: Mapping[str, tuple[str, ...]]) -> bool:
     if not t.gt.expect_alert or t.cls is None:
         return False
-    if t.cls == "gpu_xid" and cls == "gpu_ecc_uncorrectable":
+    if t.cls == GPU_XID and cls == GPU_ECC_UNCORRECTABLE:
         return d.entity == t.gt.entity and int(t.gt.detail.get("code", 0)) in UNCORRECTABLE_ECC_XIDS
     if cls not in CONSEQUENCES.get(t.cls, ()):
         return False
     node = d.node or _node_of(d.entity)
-    if cls == "hang" and d.job in job_nodes:
+    if cls == HANG and d.job in job_nodes:
         # a fault that stalls one node stalls its whole job's collective: when every rank is
         # stuck alike the detector names one of them, not necessarily the fault's node
         return any(n in t.footprint_nodes for n in job_nodes[d.job])
