@@ -36,8 +36,10 @@ from pydantic import AfterValidator, BeforeValidator, Field, field_validator, mo
 
 from fabricwatch.config_schema import Section, Within, validate
 
-from fabricwatch.models.findings import CRITICAL, INFO, WARNING
+from fabricwatch.models.event_filter import EventFilter
+from fabricwatch.models.vocabulary import ANOMALY_KINDS, CAUSE_CODES, INFO, SEVERITIES, WARNING
 from fabricwatch.protos.v1 import events_pb2 as ev
+from fabricwatch.streams.events import anomaly_facts
 
 from .alerts.dispatch import DEFAULT_MAX_BACKLOG
 from .base import ACTION_KINDS, ALERT, UNDO_OF
@@ -47,15 +49,6 @@ MAX_POLICY_BYTES = 256 * 1024      # a policy is a page of YAML; anything bigger
 MAX_RULES = 200
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
-ANOMALY_KINDS = frozenset({"link_downgrade", "pcie_downgrade", "link_flap", "link_down", "pfc_storm", "straggler",
-                           "hang", "gpu_xid", "gpu_ecc_uncorrectable", "unknown_anomaly",
-                           "ecmp_imbalance", "pfc_deadlock", "ecn_pfc_misorder", "lossless_drop"})
-CAUSE_CODES = frozenset({"thermal", "power", "nic_downgrade", "storm_victim", "xid", "ecc", "none", "unknown",
-                         "nic_down", "nic_pcie", "partial_pause", "gpu_pcie",
-                         "stuck_host", "silent_host", "switch_port", "stuck_process", "process_lost",
-                         "ecmp_polarization", "pfc_deadlock", "ecn_threshold_above_xoff", "headroom_misconfig"})
-SEVERITY_RANK = {INFO: 1, WARNING: 2, CRITICAL: 3}
-_SEVERITY_OF_PROTO = {ev.SEVERITY_INFO: INFO, ev.SEVERITY_WARNING: WARNING, ev.SEVERITY_CRITICAL: CRITICAL}
 
 # Which entity field an anomaly must carry for a rule of this scope to match.
 SCOPE_ANY, SCOPE_NODE, SCOPE_SWITCH, SCOPE_JOB = "any", "node", "switch", "job"
@@ -86,28 +79,16 @@ class PolicyError(ValueError):
 
 
 @dataclass(frozen=True)
-class Match:
-    kinds: frozenset[str] = frozenset()      # empty: any kind
+class Match(EventFilter):
+    """A rule's match: the shared event filter (kinds, causes, clusters, GPU-hours lost so far
+    and their rate while open; empty: any) at `WARNING` or worse by default, plus a scope."""
+
     min_severity: str = WARNING
     scope: str = SCOPE_ANY
-    causes: frozenset[str] = frozenset()     # empty: any cause code
-    clusters: frozenset[str] = frozenset()   # empty: any cluster
-    min_impact_gpu_hours: float = 0.0        # GPU-hours lost so far (AnomalyEvent.impact_gpu_hours)
-    min_impact_gpu_hours_per_hour: float = 0.0   # its rate while open
 
     def matches(self, event: ev.AnomalyEvent) -> bool:
-        severity = _SEVERITY_OF_PROTO.get(event.severity, INFO)
-        if SEVERITY_RANK[severity] < SEVERITY_RANK[self.min_severity]:
-            return False
-        if event.impact_gpu_hours < self.min_impact_gpu_hours:
-            return False
-        if event.impact_gpu_hours_per_hour < self.min_impact_gpu_hours_per_hour:
-            return False
-        if self.kinds and event.kind not in self.kinds:
-            return False
-        if self.causes and event.cause_code not in self.causes:
-            return False
-        if self.clusters and event.entity.cluster not in self.clusters:
+        # A severity the policy does not know counts as the lowest, info.
+        if not self.admits(anomaly_facts(event, unknown_severity=INFO)):
             return False
         entity = event.entity
         return {SCOPE_ANY: True, SCOPE_NODE: bool(entity.node) and not entity.switch,
@@ -264,7 +245,7 @@ ActionKinds = Annotated[list[str], _names(ACTION_KINDS - set(UNDO_OF), "action k
 class MatchSection(Section):
     kind: Annotated[list[str], OneOrMany, _names(ANOMALY_KINDS, "anomaly kind")] = Field(
         default_factory=list, description="anomaly kinds (one or a list; none: any)")
-    min_severity: Annotated[str, _one_of(*SEVERITY_RANK)] = Field(WARNING, description="least severity")
+    min_severity: Annotated[str, _one_of(*SEVERITIES)] = Field(WARNING, description="least severity")
     scope: Annotated[str, _one_of(*SCOPES)] = Field(SCOPE_ANY, description="the entity the anomaly must name")
     cause: Annotated[list[str], OneOrMany, _names(CAUSE_CODES, "cause code")] = Field(
         default_factory=list, description="cause codes (none: any)")

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 from fabricwatch.models.findings import EntityRef
 from fabricwatch.protos.v1 import events_pb2 as ev
+from fabricwatch.streams.events import entity_proto, entity_ref
 
 from .base import (ALERT, DONE, DRAIN_AFTER_JOB, DRAIN_NODE, EXCLUDE_AND_RESTART, FAILED, ISOLATE_PORT,
                    REQUEUE_JOBS, RESTORE_PORT, RESUME_NODE, UNDO_OF, ActionRequest, ExecutionResult)
@@ -96,16 +97,6 @@ class _Mode:
     held: dict[tuple[str, str], _Held] = field(default_factory=dict)
 
 
-def _ref(path: ev.EntityPath) -> EntityRef:
-    return EntityRef(cluster=path.cluster, switch=path.switch, node=path.node, device=path.device,
-                     port=path.port, rank=path.rank, job=path.job)
-
-
-def _path(ref: EntityRef) -> ev.EntityPath:
-    return ev.EntityPath(cluster=ref.cluster, switch=ref.switch, node=ref.node, device=ref.device,
-                         port=ref.port, rank=ref.rank, job=ref.job)
-
-
 def idempotency_key(*parts: object) -> str:
     return hashlib.sha256("|".join(str(p) for p in parts).encode()).hexdigest()[:24]
 
@@ -114,7 +105,7 @@ def action_target(action: str, event: ev.AnomalyEvent) -> EntityRef | None:
     """The entity `action` acts on for this anomaly, or None when it names none."""
     e = event.entity
     if action == ALERT:
-        return _ref(e)
+        return entity_ref(e)
     if action in NODE_ACTIONS:
         return EntityRef(cluster=e.cluster, node=e.node) if e.node and not e.switch else None
     if action == EXCLUDE_AND_RESTART:
@@ -128,8 +119,7 @@ def action_target(action: str, event: ev.AnomalyEvent) -> EntityRef | None:
 
 def guard_path(target: EntityRef) -> str:
     """The target as the guards key it: without the cluster, which an anomaly only claims."""
-    return EntityRef(switch=target.switch, node=target.node, device=target.device, port=target.port,
-                     rank=target.rank, job=target.job).path()
+    return target.local_path()
 
 
 def breaker_units(action: str, target: EntityRef, jobs: Iterable[str] = ()) -> list[tuple[str, str]]:
@@ -210,7 +200,7 @@ class Responder:
         record = ev.ActionDecision(
             idempotency_key=key, anomaly_id=event.id, anomaly_dedup_key=event.dedup_key,
             anomaly_kind=event.kind, rule=rule, action=action, decided_unix_ns=now_ns, shadow=not executing,
-            executor=self.executor_for.get(action, ""), target=_path(target) if target else None)
+            executor=self.executor_for.get(action, ""), target=entity_proto(target) if target else None)
         if key in self.ledger:
             record.outcome, record.reason = ev.OUTCOME_SKIPPED_DUPLICATE, "already decided (redelivered anomaly)"
             return Decision(record)
@@ -329,7 +319,7 @@ class Responder:
                 executing = not shadow
                 record = ev.ActionDecision(
                     idempotency_key=idempotency_key("undo", held.key), anomaly_dedup_key=held.cause_dedup_key,
-                    rule="quiet-period", action=undo, target=_path(held.target), decided_unix_ns=now_ns,
+                    rule="quiet-period", action=undo, target=entity_proto(held.target), decided_unix_ns=now_ns,
                     shadow=shadow, executor=self.executor_for.get(undo, ""))
                 why = self.kill_switch.engaged() if executing else ""
                 if why:
@@ -380,7 +370,7 @@ class Responder:
                 self.alerted[record.anomaly_dedup_key] = record.idempotency_key
             return
         at_s = record.decided_unix_ns / 1e9
-        target = _ref(record.target)
+        target = entity_ref(record.target)
         path = guard_path(target)
         mode = self.modes[record.shadow]
         # EXECUTED / FAILED follow a STARTED that was applied already; refusals change nothing
@@ -451,4 +441,4 @@ def _with_outcome(record: ev.ActionDecision, outcome: int) -> ev.ActionDecision:
 
 def _reason(event: ev.AnomalyEvent) -> str:
     cause = f" ({event.cause_code})" if event.cause_code else ""
-    return f"{event.kind}{cause} on {_ref(event.entity).path()}"
+    return f"{event.kind}{cause} on {entity_ref(event.entity).path()}"

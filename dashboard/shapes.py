@@ -8,13 +8,18 @@ contract with the browser.
 """
 from __future__ import annotations
 
-from fabricwatch.protos.v1 import events_pb2 as ev
+from dataclasses import fields
 
-SEVERITY_NAME = {ev.SEVERITY_UNSPECIFIED: "unspecified", ev.SEVERITY_INFO: "info",
-                 ev.SEVERITY_WARNING: "warning", ev.SEVERITY_CRITICAL: "critical"}
-LIFECYCLE_NAME = {ev.LIFECYCLE_UNSPECIFIED: "unspecified", ev.LIFECYCLE_OPEN: "open",
-                  ev.LIFECYCLE_UPDATE: "update", ev.LIFECYCLE_RESOLVED: "resolved"}
-OUTCOME_NAME = {v.number: v.name.removeprefix("OUTCOME_").lower() for v in ev.Outcome.DESCRIPTOR.values}
+from fabricwatch.models.findings import EntityRef
+from fabricwatch.models.vocabulary import UNSPECIFIED
+from fabricwatch.protos.v1 import events_pb2 as ev
+from fabricwatch.streams import events
+from fabricwatch.streams.events import entity_ref
+
+# The API names a record's enum zero too ("unspecified"), where the stream layer refuses it.
+SEVERITY_NAME = {ev.SEVERITY_UNSPECIFIED: UNSPECIFIED, **events.SEVERITY_NAME}
+LIFECYCLE_NAME = {ev.LIFECYCLE_UNSPECIFIED: UNSPECIFIED, **events.LIFECYCLE_NAME}
+OUTCOME_NAME = {ev.OUTCOME_UNSPECIFIED: UNSPECIFIED, **events.OUTCOME_NAME}
 
 MAX_RELATED_SHOWN = 64             # related entities of one anomaly (a storm's victims)
 MAX_EVIDENCE_SHOWN = 32
@@ -22,25 +27,29 @@ MAX_EVIDENCE_SHOWN = 32
 
 # ------------------------------------------------------------------------ paths
 def entity_path(p: ev.EntityPath) -> str:
-    """The dashboard's key of an entity: "node/device/port", "switch/port", or "job/<id>/rank/<r>".
+    """The dashboard's key of an entity: the `EntityRef.local_path` of where it sits ("node/device/port",
+    "switch/port"; a rank on its GPU), or of a rank or job that names no hardware ("job=<id>/rank=<r>").
 
     The cluster is left out: one dashboard shows one cluster (`FabricState(cluster=...)`).
 
     >>> entity_path(ev.EntityPath(cluster="c", node="n1", device="mlx5_0", port="1"))
     'n1/mlx5_0/1'
     >>> entity_path(ev.EntityPath(switch="leaf-0", port="Ethernet8")), entity_path(ev.EntityPath(job="j", rank="3"))
-    ('leaf-0/Ethernet8', 'job/j/rank/3')
+    ('leaf-0/Ethernet8', 'job=j/rank=3')
     """
-    base = p.switch or p.node
-    if base:
-        return "/".join(x for x in (base, p.device, p.port) if x)
-    if p.job:
-        return f"job/{p.job}/rank/{p.rank}" if p.rank else f"job/{p.job}"
-    return ""
+    return entity_ref(p).located().local_path()
 
 
 def rank_path(job: str, rank: int | str) -> str:
-    return f"job/{job}/rank/{rank}"
+    return EntityRef(job=job, rank=str(rank)).local_path()
+
+
+_REF_FIELDS = tuple(f.name for f in fields(EntityRef))
+
+
+def ref_of(d: dict) -> EntityRef:
+    """The `EntityRef` of an entity dict of the API (`anomaly_dict`'s ``entity``, ``related``, ``target``)."""
+    return EntityRef(**{name: d[name] for name in _REF_FIELDS})
 
 
 def finite_or_none(x: float) -> float | None:
@@ -56,8 +65,8 @@ def _path_dict(p: ev.EntityPath) -> dict:
 def anomaly_dict(e: ev.AnomalyEvent) -> dict:
     return {
         "id": e.id, "dedup_key": e.dedup_key, "kind": e.kind,
-        "severity": SEVERITY_NAME.get(e.severity, "unspecified"),
-        "lifecycle": LIFECYCLE_NAME.get(e.lifecycle, "unspecified"),
+        "severity": SEVERITY_NAME.get(e.severity, UNSPECIFIED),
+        "lifecycle": LIFECYCLE_NAME.get(e.lifecycle, UNSPECIFIED),
         "entity": _path_dict(e.entity), "related": [_path_dict(r) for r in e.related[:MAX_RELATED_SHOWN]],
         "related_total": len(e.related),
         "onset_unix_ms": e.onset_unix_ns // 1_000_000, "detected_unix_ms": e.detected_unix_ns // 1_000_000,

@@ -39,10 +39,13 @@ import numpy as np
 
 from fabricwatch.lograte import RateLimitedLogger
 from fabricwatch.models.fabric_summary import FabricSummary
+from fabricwatch.models.findings import JOB_KEY
 from fabricwatch.models.frames import EntityFrame
 from fabricwatch.models.linkrate import parse_ib_rate
 from fabricwatch.models.rates import RateTracker
 from fabricwatch.models.topology import Topology
+from fabricwatch.models.vocabulary import LINK_DOWNGRADE, PCIE_DOWNGRADE, PFC_STORM
+from fabricwatch.models.vocabulary import STRAGGLER as STRAGGLER_KIND
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 
@@ -556,13 +559,13 @@ class FabricState:
 
         for event in self.open.values():
             main = entity_path(event.entity)
-            if event.kind.startswith("pfc_storm"):
+            if event.kind == PFC_STORM:
                 mark(main, SOURCE, event)
                 for r in event.related:
                     mark(entity_path(r), VICTIM, event)
-            elif "downgrade" in event.kind:
+            elif event.kind in (LINK_DOWNGRADE, PCIE_DOWNGRADE):
                 mark(main, DOWNGRADED, event)
-            elif event.kind == "straggler":
+            elif event.kind == STRAGGLER_KIND:
                 mark(main, STRAGGLER, event)
                 if event.entity.job and event.entity.rank:
                     mark(rank_path(event.entity.job, event.entity.rank), STRAGGLER, event)
@@ -571,7 +574,7 @@ class FabricState:
         # Roll up: a node or switch shows the worst of its own and its parts' roles.
         for path in list(marks):
             parts = path.split("/")
-            if parts[0] != "job" and len(parts) > 1:
+            if not path.startswith(JOB_KEY) and len(parts) > 1:
                 for role, sev, key in marks[path]:
                     marks.setdefault(parts[0], []).append((role, sev, key))
         health = {}

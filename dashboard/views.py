@@ -8,16 +8,21 @@ functions read it and build answers, and change with the browser's needs, not th
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import re
 from dataclasses import dataclass
 
 import numpy as np
 
+from fabricwatch.models.event_filter import EventFacts, EventFilter
+from fabricwatch.models.findings import JOB_KEY
 from fabricwatch.models.impact import projected_gpu_hours
+from fabricwatch.models.vocabulary import SEVERITIES
+from fabricwatch.models.vocabulary import STRAGGLER as STRAGGLER_KIND
 from fabricwatch.protos.v1 import events_pb2 as ev
 
-from .shapes import SEVERITY_NAME, anomaly_dict, decision_dict, entity_path, rank_path
+from .shapes import SEVERITY_NAME, anomaly_dict, decision_dict, entity_path, rank_path, ref_of
 from .state import (GPU, GPU_INDEX, HEALTHY, METRIC_TITLES, METRIC_UNITS, METRICS, NIC_PORT, NODE, RANK, SWITCH,
                     SWITCH_PORT, FabricState)
 
@@ -96,7 +101,7 @@ def open_summary(state: FabricState, limit: int = MAX_OPEN_SHOWN, now_ns: int | 
 
 def entity_kind(state: FabricState, path: str) -> str:
     parts = path.split("/")
-    if parts[0] == "job":
+    if path.startswith(JOB_KEY):
         return RANK
     if len(parts) == 1:
         return SWITCH if path in state.switches else NODE if path in state.nodes else _kind_from_anomalies(state, path)
@@ -122,7 +127,7 @@ def _kind_from_anomalies(state: FabricState, path: str) -> str:
             if GPU_INDEX.match(p.device):
                 return GPU
             return NIC_PORT if p.device else NODE
-        if "/" not in path and not path == "job" and ep.startswith(path + "/"):
+        if "/" not in path and ep.startswith(path + "/"):
             return SWITCH if p.switch else NODE
     return ""
 
@@ -136,7 +141,7 @@ def _touches(event: ev.AnomalyEvent, path: str) -> str:
         rp = entity_path(r)
         if rp == path or rp.startswith(path + "/"):
             return "related"
-    if path.startswith("job/") and event.entity.job and rank_path(event.entity.job, event.entity.rank) == path:
+    if path.startswith(JOB_KEY) and event.entity.job and rank_path(event.entity.job, event.entity.rank) == path:
         return "entity"
     return ""
 
@@ -193,7 +198,7 @@ def jobs_view(state: FabricState, limit: int = MAX_JOBS_SHOWN) -> list[dict]:
     MAX_RANKS_SHOWN ranks, its stragglers first; ``ranks_seen`` tells how many there are.
     """
     stragglers: dict[tuple[str, str], ev.AnomalyEvent] = {
-        (e.entity.job, e.entity.rank): e for e in state.open.values() if e.kind == "straggler"}
+        (e.entity.job, e.entity.rank): e for e in state.open.values() if e.kind == STRAGGLER_KIND}
     out = []
     shown = heapq.nlargest(limit, state.jobs.values(), key=lambda j: j.last_seen_ns)
     for job in sorted(shown, key=lambda j: j.job_id):
@@ -244,9 +249,6 @@ def feed_view(state: FabricState, flt: FeedFilter, limit: int = 200) -> list[dic
     return out
 
 
-SEVERITY_RANK = {"info": 1, "warning": 2, "critical": 3}
-
-
 @dataclass(frozen=True)
 
 
@@ -267,29 +269,28 @@ class FeedFilter:
     @classmethod
     def parse(cls, query: dict) -> FeedFilter:
         severity = str(query.get("severity", "")).strip().lower()
-        if severity and severity not in SEVERITY_RANK:
-            raise ValueError(f"severity must be one of {', '.join(SEVERITY_RANK)} (got {severity!r})")
+        if severity and severity not in SEVERITIES:
+            raise ValueError(f"severity must be one of {', '.join(SEVERITIES)} (got {severity!r})")
         return cls(kind=str(query.get("kind", "")).strip(), min_severity=severity,
                    job=str(query.get("job", "")).strip(), switch=str(query.get("switch", "")).strip())
+
+    @functools.cached_property
+    def event_filter(self) -> EventFilter:
+        """This filter as the shared core; the state adds what it knows (a job's nodes, switch peers)."""
+        return EventFilter(kinds=frozenset({self.kind} - {""}), min_severity=self.min_severity, job=self.job,
+                           switch=self.switch)
 
     def matches(self, item: dict, state: FabricState) -> bool:
         data = item["data"]
         if item["type"] == "anomaly":
-            kind, severity = data["kind"], data["severity"]
             paths = [data["entity"]] + data["related"]
+            facts = EventFacts(kind=data["kind"], severity=data["severity"], entities=tuple(map(ref_of, paths)))
         else:
-            kind = data["anomaly_kind"]
+            paths = [data["target"]]
             linked = state.open.get(data["anomaly_dedup_key"])
             severity = SEVERITY_NAME.get(linked.severity, "") if linked is not None else ""
-            paths = [data["target"]]
-        if self.kind and kind != self.kind:
-            return False
-        if self.min_severity and severity and SEVERITY_RANK.get(severity, 0) < SEVERITY_RANK[self.min_severity]:
-            return False
-        if self.job and not any(p["job"] == self.job or (p["node"] and p["node"] in nodes_of_job(state, self.job))
-                                for p in paths):
-            return False
-        if self.switch and not any(p["switch"] == self.switch
-                                   or state.peer_of(p["path"]).split("/")[0] == self.switch for p in paths):
-            return False
-        return True
+            facts = EventFacts(kind=data["anomaly_kind"], severity=severity, entities=(ref_of(data["target"]),))
+        job_nodes = nodes_of_job(state, self.job) if self.job else ()
+        # A NIC port's leaf: the switch side of its link counts as on that switch.
+        peers = {state.peer_of(p["path"]).split("/")[0] for p in paths} if self.switch else ()
+        return self.event_filter.admits(facts, job_nodes=job_nodes, peer_switches=peers)

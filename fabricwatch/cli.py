@@ -254,6 +254,16 @@ def _apply_topic_opts(argv: list[str]) -> list[str]:
     return rest
 
 
+def _anomaly_kinds(text: str) -> str:
+    """A comma-separated list of `models.vocabulary` kinds: a misspelt one could never be flagged."""
+    from fabricwatch.models.vocabulary import ANOMALY_KINDS
+    unknown = sorted({k for k in text.split(",") if k} - ANOMALY_KINDS)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown anomaly kind {', '.join(unknown)}; known: "
+                                         f"{', '.join(sorted(ANOMALY_KINDS))}")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     # per-token bounds: plain constants, no heavy imports
     from fabricwatch.streams.admission import (MAX_BYTES_IN_FLIGHT_PER_TOKEN, MAX_BYTES_IN_FLIGHT_TOTAL,
@@ -295,7 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--kafka-port", type=int, default=9092)
     sp.add_argument("--gateway-listen", default="127.0.0.1:50051")
     sp.add_argument("--seed", type=int, default=7)
-    sp.add_argument("--expect", default="", help="comma-separated anomaly kinds; exit 1 unless all were flagged")
+    sp.add_argument("--expect", default="", type=_anomaly_kinds,
+                    help="comma-separated anomaly kinds; exit 1 unless all were flagged")
     detection_opts(sp)
     sp.add_argument("--dashboard-listen", default="127.0.0.1:8080", help="where `up` serves the web dashboard (loopback)")
     sp.add_argument("--policy", default=None, help="response policy for the responder (default: deploy/policy.example.yaml, shadow)")

@@ -27,6 +27,7 @@ from pathlib import Path
 from fabricwatch.actions.escape import markdown_text
 from fabricwatch.models.fabric_summary import FabricSummary, PortTotals
 from fabricwatch.models.topology import Topology
+from fabricwatch.models.vocabulary import PFC_STORM
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import records_pb2 as rec
 
@@ -188,7 +189,7 @@ def _hints(latest, opened) -> Section:
 def _storms(latest, opened) -> Section:
     rows = []
     for key, e in latest.items():
-        if e.kind != "pfc_storm":
+        if e.kind != PFC_STORM:
             continue
         first = opened.get(key, e)
         end_ns = e.detected_unix_ns if e.lifecycle == ev.LIFECYCLE_RESOLVED else 0

@@ -35,12 +35,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The severities of the shared vocabulary: the one project module this one imports (it imports nothing).
+from fabricwatch.models.vocabulary import CRITICAL, INFO, WARNING
+
 APPLICATION, CONSEQUENCE, HARDWARE, FIRMWARE = "application", "consequence", "hardware", "firmware"
 CATEGORIES = (APPLICATION, CONSEQUENCE, HARDWARE, FIRMWARE)
 # Categories that are a fault of the GPU (open `gpu_xid`); the others are job-level information.
 FAULT_CATEGORIES = frozenset({HARDWARE, FIRMWARE})
-# Severities as `models.findings` spells them (this module imports nothing from the project).
-CRITICAL, WARNING, INFO = "critical", "warning", "info"
 
 
 @dataclass(frozen=True)

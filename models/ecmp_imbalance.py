@@ -62,9 +62,10 @@ from .detector import Detector, PerTick
 from .findings import OPEN, RESOLVED, WARNING, EntityRef, Evidence, Finding
 from .frames import SWITCH_PORT, EntityFrame, LayoutGroup, SourceView
 from .topology import Topology
+from .vocabulary import ECMP_IMBALANCE, ECMP_POLARIZATION
 
 DETECTOR = "ecmp_imbalance/v1"
-KIND = "ecmp_imbalance"
+KIND = ECMP_IMBALANCE
 # Window over which traffic is summed per uplink: many training steps (a step's all-reduce
 # bursts last tens to hundreds of ms), so the ratio compares what the hash sends each way,
 # not where the current burst happens to be.
@@ -270,7 +271,7 @@ class EcmpImbalanceDetector(PerTick, Detector):
             probable_cause=("ECMP hash polarization: the leaf's hash sends the few large RoCE flows to some "
                             "uplinks and not others (too little entropy in the hashed fields, or the same hash "
                             "and seed as the tier before)"),
-            cause="ecmp_polarization",
+            cause=ECMP_POLARIZATION,
             suggested_action=(f"add entropy to the ECMP hash on {view.source} (hash on the RoCE UDP source port; "
                               f"per-QP source ports: NCCL_IB_QPS_PER_CONNECTION>1), change the hash seed or "
                               f"polynomial, or enable adaptive routing; hot uplinks {hot_s}, cold {cold_s}"),

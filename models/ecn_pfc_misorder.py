@@ -66,10 +66,11 @@ from .detector import Detector
 from .findings import OPEN, RESOLVED, WARNING, EntityRef, Evidence, Finding
 from .frames import SWITCH_PORT, FrameStack, SourceBatch
 from .topology import Topology
+from .vocabulary import ECN_PFC_MISORDER, ECN_THRESHOLD_ABOVE_XOFF
 
 DETECTOR = "ecn_pfc_misorder/v1"
-KIND = "ecn_pfc_misorder"
-CAUSE = "ecn_threshold_above_xoff"
+KIND = ECN_PFC_MISORDER
+CAUSE = ECN_THRESHOLD_ABOVE_XOFF
 # PFC-enabled priorities: SONiC's default lossless queues ("pfc_enable": "3,4" in
 # PORT_QOS_MAP); RoCE runs on 3 in NVIDIA's and most operators' configurations.
 LOSSLESS_PRIORITIES = (3, 4)

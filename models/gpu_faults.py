@@ -44,6 +44,7 @@ from fabricwatch.xid import PREEMPTIVE_CLEANUP, XidInfo, lookup
 from .detector import Detector, PerTick
 from .findings import CRITICAL, OPEN, RESOLVED, UPDATE, WARNING, EntityRef, Evidence, Finding
 from .frames import GPU, DeviceEvent, LayoutGroup, SourceBatch, SourceView
+from .vocabulary import GPU_ECC_UNCORRECTABLE, GPU_XID
 
 DETECTOR = "gpu_faults/v2"
 QUIET_S = 600.0
@@ -154,7 +155,7 @@ class GpuFaultDetector(PerTick, Detector):
             for i in np.flatnonzero(new_errors > 0):  # NaN (reset, first sample) is not > 0
                 entity = EntityRef(cluster=view.cluster, node=view.source, device=frame.ids[i])
                 out.append(self._occurrence(
-                    "gpu_ecc_uncorrectable", entity, "", float(new_errors[i]), view.time_ns, CRITICAL,
+                    GPU_ECC_UNCORRECTABLE, entity, "", float(new_errors[i]), view.time_ns, CRITICAL,
                     f"{view.source} {frame.ids[i]} uncorrectable ECC errors",
                     "drain the node after the job; reset the GPU to remap rows"))
         out.extend(self._sweep(view))
@@ -167,7 +168,7 @@ class GpuFaultDetector(PerTick, Detector):
         severity = CRITICAL if info.severity == CRITICAL else WARNING
         summary = f"{view.source} {event.entity_id} XID {event.code} ({info.text}" + (
             f"; {event.detail})" if event.detail else ")")
-        finding = self._occurrence("gpu_xid", entity, f"xid={event.code}", 1.0, view.time_ns, severity,
+        finding = self._occurrence(GPU_XID, entity, f"xid={event.code}", 1.0, view.time_ns, severity,
                                    summary, f"{info.action} (NVIDIA: {info.immediate_action})")
         key = finding.dedup_key
         self._roots.setdefault(view.source, []).append(_Root(key, event.entity_id, event.time_ns))

@@ -70,9 +70,10 @@ from .detector import RankProgressDetector
 from .findings import CRITICAL, OPEN, RESOLVED, UPDATE, EntityRef, Evidence, Finding
 from .frames import RankProgress, RankStep
 from .node_health import CAUSE_ACTION, ECC, NIC_DOWN, STORM_VICTIM, XID, HealthBook, rail_nic
+from .vocabulary import HANG, PROCESS_LOST, STUCK_PROCESS
 
 DETECTOR = "hang/v1"
-KIND = "hang"
+KIND = HANG
 
 # -- thresholds ------------------------------------------------------------------------------
 # Collectives of big jobs legitimately take seconds (multi-GB all-reduces on a congested
@@ -109,7 +110,6 @@ MIN_WORLD_SIZE = 2          # one rank waits for nobody
 # held by PFC pauses (a storm holding one node's NIC stalls every rank of the job alike: no
 # rank is behind, and the fabric, not a process, is the root).
 HANG_CAUSES = (XID, ECC, NIC_DOWN, STORM_VICTIM)
-STUCK_PROCESS, PROCESS_LOST = "stuck_process", "process_lost"
 ROOT_TEXT = {
     XID: "GPU lost",
     ECC: "GPU lost to uncorrectable memory errors",

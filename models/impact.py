@@ -39,6 +39,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from .vocabulary import (CRITICAL, ECMP_IMBALANCE, GPU_ECC_UNCORRECTABLE, GPU_XID, HANG, LINK_DOWN, LINK_DOWNGRADE,
+                         LINK_FLAP, PCIE_DOWNGRADE, PFC_DEADLOCK, PFC_STORM, STRAGGLER, UNKNOWN_ANOMALY)
+
 MEASURED, ESTIMATED = "measured", "estimated"
 BASES = (MEASURED, ESTIMATED)
 
@@ -46,30 +49,30 @@ BASES = (MEASURED, ESTIMATED)
 # evidence measured it (docs/schema.md, "Impact"):
 SLOWDOWN_PRIOR = {
     # a NIC at half its rate: the ring's slowest rail sets the pace of every all-reduce
-    "link_downgrade": 0.5,
+    LINK_DOWNGRADE: 0.5,
     # a PCIe link at reduced width/gen throttles its GPU's host and NIC traffic alike
-    "pcie_downgrade": 0.5,
+    PCIE_DOWNGRADE: 0.5,
     # each flap drops the rail for seconds (retransmits, QP timeouts); between flaps it runs
-    "link_flap": 0.25,
+    LINK_FLAP: 0.25,
     # a rail down with failover: its traffic doubles up on another rail
-    "link_down": 0.5,
+    LINK_DOWN: 0.5,
     # victims paused about half the time in the storms we replay
-    "pfc_storm": 0.5,
+    PFC_STORM: 0.5,
     # a straggler without a measured slowdown: the detector's own minimum (1.5x -> 1/3 lost)
-    "straggler": 1.0 / 3.0,
+    STRAGGLER: 1.0 / 3.0,
     # an XID the job survived (warning): retries, a slower step or two
-    "gpu_xid": 0.1,
-    "gpu_ecc_uncorrectable": 0.1,
+    GPU_XID: 0.1,
+    GPU_ECC_UNCORRECTABLE: 0.1,
     # something unlike the baseline, unexplained: a small cost until measured
-    "unknown_anomaly": 0.1,
+    UNKNOWN_ANOMALY: 0.1,
     # a polarized leaf: the flows on its hot uplinks share one link (typically 2x their fair share)
-    "ecmp_imbalance": 0.25,
+    ECMP_IMBALANCE: 0.25,
     # a deadlocked loop moves nothing on the lossless priority: the jobs across it stall while it
     # lasts (no redo counted: broken within seconds, by a watchdog or an operator, they go on)
-    "pfc_deadlock": 1.0,
+    PFC_DEADLOCK: 1.0,
 }
 # Kinds that, at critical severity, stall the whole job (the collective cannot complete).
-STALLING_KINDS = frozenset({"link_down", "gpu_xid", "gpu_ecc_uncorrectable", "hang"})
+STALLING_KINDS = frozenset({LINK_DOWN, GPU_XID, GPU_ECC_UNCORRECTABLE, HANG})
 # Without a reported checkpoint time: jobs checkpoint every 30 min in the fleets we know,
 # a failure lands on average halfway between two checkpoints.
 DEFAULT_SINCE_CHECKPOINT_S = 15 * 60.0
@@ -116,7 +119,7 @@ class ImpactModel:
 
     def lost_fraction(self, kind: str, severity: str, evidence: Mapping[str, float]) -> tuple[float, bool]:
         """(fraction of the jobs' throughput lost, stalled)."""
-        if severity == "critical" and kind in STALLING_KINDS:
+        if severity == CRITICAL and kind in STALLING_KINDS:
             return 1.0, True
         ratio = evidence.get("slowdown")
         if ratio is not None and ratio == ratio and ratio > 1.0:
@@ -125,7 +128,7 @@ class ImpactModel:
             duty = evidence.get(name)
             if duty is not None and duty == duty and duty > 0:
                 return min(duty, 1.0), False
-        return SLOWDOWN_PRIOR.get(kind, SLOWDOWN_PRIOR["unknown_anomaly"]), False
+        return SLOWDOWN_PRIOR.get(kind, SLOWDOWN_PRIOR[UNKNOWN_ANOMALY]), False
 
     def assess(self, kind: str, severity: str, onset_ns: int, at_ns: int, jobs: Sequence[JobShare] | None,
                node_gpus: int = 0, evidence: Mapping[str, float] | None = None, open: bool = True) -> Impact:

@@ -59,6 +59,7 @@ from .findings import CRITICAL, OPEN, RESOLVED, UPDATE, WARNING, EntityRef, Evid
 from .frames import NIC_PORT, SWITCH_PORT, EntityFrame, FrameStack, LayoutGroup, SourceBatch, SourceView
 from .link_flap import ACTIVE_STATE, MAX_DOWN_S, nic_shut_on_host
 from .topology import Topology
+from .vocabulary import LINK_DOWN
 
 DETECTOR = "link_down/v1"
 # Down on every sample for this long: beyond any flap (the flap detector's bound, so that each
@@ -273,14 +274,14 @@ class LinkDownDetector(PerTick, Detector):
             return []
         del self._episodes[key]
         f = episode.finding
-        return [Finding("link_down", RESOLVED, f.entity, f.severity, f.onset_ns, view.time_ns, list(f.evidence),
+        return [Finding(LINK_DOWN, RESOLVED, f.entity, f.severity, f.onset_ns, view.time_ns, list(f.evidence),
                         summary=f"resolved: {f.summary}; up again for {self.up_hold_s:g} s", detector=DETECTOR,
                         related=list(f.related))]
 
     # -- findings -------------------------------------------------------------------------------
     def _open(self, view: SourceView, frame: EntityFrame, i: int, key, down: _Down) -> Finding:
         entity, related = self._entity(view, frame, i)
-        f = Finding("link_down", OPEN, entity, CRITICAL, onset_ns=down.since_ns, detected_ns=view.time_ns,
+        f = Finding(LINK_DOWN, OPEN, entity, CRITICAL, onset_ns=down.since_ns, detected_ns=view.time_ns,
                     detector=DETECTOR, related=related)
         episode = self._episodes[key] = _Episode(f)
         self._describe(view, frame, i, episode, self._failover_of(view, frame, i))

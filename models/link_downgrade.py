@@ -51,6 +51,7 @@ from .frames import GPU, NIC_PORT, SWITCH_PORT, EntityFrame, LayoutGroup, Source
 from .linkrate import IbRate, parse_ib_rate
 from .nominal import NominalRates, node_vote
 from .topology import DEFAULT_NIC_RATE, Topology
+from .vocabulary import LINK_DOWNGRADE, PCIE_DOWNGRADE
 
 DETECTOR = "link_downgrade/v1"
 # A GPU counts as busy (so a lower PCIe gen is a fault, not power saving) above this.
@@ -229,9 +230,9 @@ class LinkDowngradeDetector(PerTick, Detector):
                 self._votes[(view.cluster, view.source)] = vote
         for i, entity_id in enumerate(frame.ids):
             if rates[i] and states[i]:                  # a tick without the labels says nothing of the link
-                checked.add(("link_downgrade", view.source, entity_id))
+                checked.add((LINK_DOWNGRADE, view.source, entity_id))
             if pcie_read[i]:
-                checked.add(("pcie_downgrade", view.source, entity_id))
+                checked.add((PCIE_DOWNGRADE, view.source, entity_id))
             current = _parse(rates[i])
             link_bad = False
             if states[i].startswith(ACTIVE_STATE) and current is not None:
@@ -244,8 +245,8 @@ class LinkDowngradeDetector(PerTick, Detector):
                 continue
             device, _, port = entity_id.partition("/")
             entity = EntityRef(cluster=view.cluster, node=view.source, device=device, port=port)
-            link = Finding("link_downgrade", OPEN, entity, detector=DETECTOR)
-            pcie = Finding("pcie_downgrade", OPEN, entity, detector=DETECTOR)
+            link = Finding(LINK_DOWNGRADE, OPEN, entity, detector=DETECTOR)
+            pcie = Finding(PCIE_DOWNGRADE, OPEN, entity, detector=DETECTOR)
             if link_bad:
                 link.evidence = [
                     Evidence("rate_gbps", current.gbps, nominal.gbps, "Gb/s", f"sysfs rate {rates[i]!r}"),
@@ -260,7 +261,7 @@ class LinkDowngradeDetector(PerTick, Detector):
                                 f"nominal {nominal.gbps:g} Gb/s {nominal.width}X {nominal.lane} ({what} downgrade)")
                 link.probable_cause = "cable, transceiver or port fault; link retrained below nominal"
                 link.suggested_action = "reseat or replace the cable/transceiver; drain the node after the running job"
-                active[("link_downgrade", view.source, entity_id)] = link
+                active[(LINK_DOWNGRADE, view.source, entity_id)] = link
             if pcie_low[i]:
                 pcie.evidence = [Evidence("pcie_width", width[i], width_max[i], "lanes"),
                                  Evidence("pcie_gen", gen[i], gen_max[i], "gen")]
@@ -268,7 +269,7 @@ class LinkDowngradeDetector(PerTick, Detector):
                                 f"max gen{gen_max[i]:g} x{width_max[i]:g}")
                 pcie.probable_cause = "NIC PCIe link trained below its maximum (riser, slot or firmware)"
                 pcie.suggested_action = "check the slot/riser; drain the node after the running job"
-                active[("pcie_downgrade", view.source, entity_id)] = pcie
+                active[(PCIE_DOWNGRADE, view.source, entity_id)] = pcie
 
     def _gpus(self, view, frame: EntityFrame, active, checked) -> None:
         util = frame.gauge("utilization_gpu_pct")
@@ -278,10 +279,10 @@ class LinkDowngradeDetector(PerTick, Detector):
         narrow = width < width_max
         slow_gen = (gen < gen_max) & busy
         # An idle GPU's width/gen reading is not trusted either way: keep its state as is.
-        checked.update(("pcie_downgrade", view.source, frame.ids[i]) for i in np.flatnonzero(narrow | slow_gen | busy))
+        checked.update((PCIE_DOWNGRADE, view.source, frame.ids[i]) for i in np.flatnonzero(narrow | slow_gen | busy))
         for i in np.flatnonzero(narrow | slow_gen):
             gpu = frame.ids[i]
-            f = Finding("pcie_downgrade", OPEN, EntityRef(cluster=view.cluster, node=view.source, device=gpu),
+            f = Finding(PCIE_DOWNGRADE, OPEN, EntityRef(cluster=view.cluster, node=view.source, device=gpu),
                         detector=DETECTOR)
             f.evidence = [Evidence("pcie_width", width[i], width_max[i], "lanes"),
                           Evidence("pcie_gen", gen[i], gen_max[i], "gen"),
@@ -291,24 +292,24 @@ class LinkDowngradeDetector(PerTick, Detector):
                          f"max gen{gen_max[i]:g} x{width_max[i]:g}")
             f.probable_cause = "GPU PCIe link trained below its maximum"
             f.suggested_action = "drain the node after the running job; reseat the GPU/riser"
-            active[("pcie_downgrade", view.source, gpu)] = f
+            active[(PCIE_DOWNGRADE, view.source, gpu)] = f
 
     def _switch_ports(self, view, frame: EntityFrame, active, checked) -> None:
         speed, oper_up = frame.gauge("port_speed_gbps"), frame.gauge("oper_up")
         for i, port in enumerate(frame.ids):
             if speed[i] == speed[i] and oper_up[i] == oper_up[i]:    # read (not NaN) this tick
-                checked.add(("link_downgrade", view.source, port))
+                checked.add((LINK_DOWNGRADE, view.source, port))
             nominal = self._nominal_switch_port(view.source, port)
             if nominal is None or oper_up[i] != 1 or not speed[i] < nominal:
                 continue
-            f = Finding("link_downgrade", OPEN, EntityRef(cluster=view.cluster, switch=view.source, port=port),
+            f = Finding(LINK_DOWNGRADE, OPEN, EntityRef(cluster=view.cluster, switch=view.source, port=port),
                         detector=DETECTOR)
             f.evidence = [Evidence("port_speed_gbps", speed[i], nominal, "Gb/s")]
             f.severity = CRITICAL if speed[i] <= nominal * CRITICAL_SPEED_FRACTION else WARNING
             f.summary = f"{view.source} {port} up at {speed[i]:g} Gb/s, nominal {nominal:g} Gb/s"
             f.probable_cause = "cable, transceiver or port fault; link retrained below nominal"
             f.suggested_action = "replace the cable/transceiver"
-            active[("link_downgrade", view.source, port)] = f
+            active[(LINK_DOWNGRADE, view.source, port)] = f
 
     def _nominal_switch_port(self, switch: str, port: str) -> float | None:
         key = (switch, port)
@@ -335,7 +336,7 @@ class LinkDowngradeDetector(PerTick, Detector):
         for key, finding in active.items():
             if key not in self._open:
                 finding.onset_ns = finding.detected_ns = view.time_ns
-                if key[0] == "link_downgrade":
+                if key[0] == LINK_DOWNGRADE:
                     finding.evidence += self.fec.evidence(view.source, key[2], view.time_ns)
                 self._open[key] = finding
                 out.append(finding)

@@ -46,6 +46,7 @@ from .fec import FecMemory
 from .findings import CRITICAL, OPEN, RESOLVED, UPDATE, WARNING, EntityRef, Evidence, Finding
 from .frames import NIC_PORT, SWITCH_PORT, EntityFrame, FrameStack, LayoutGroup, SourceBatch, SourceView
 from .topology import Topology
+from .vocabulary import LINK_FLAP
 
 DETECTOR = "link_flap/v2"
 QUIET_S = 300.0            # resolve after this long without a down event
@@ -266,7 +267,7 @@ class LinkFlapDetector(PerTick, Detector):
         episode = self._episodes.get(key)
         state = UPDATE if episode else OPEN
         if episode is None:
-            f = Finding("link_flap", OPEN, self._entity(view, frame, i), WARNING, onset_ns=view.time_ns,
+            f = Finding(LINK_FLAP, OPEN, self._entity(view, frame, i), WARNING, onset_ns=view.time_ns,
                         detected_ns=view.time_ns, detector=DETECTOR)
             episode = self._episodes[key] = _Episode(f, 0.0, view.time_ns)
         episode.downs += downs
@@ -288,6 +289,6 @@ class LinkFlapDetector(PerTick, Detector):
             if key[0] == view.source and view.time_ns - episode.last_down_ns > self.quiet_s * 1e9:
                 del self._episodes[key]
                 f = episode.finding
-                out.append(Finding("link_flap", RESOLVED, f.entity, f.severity, f.onset_ns, view.time_ns,
+                out.append(Finding(LINK_FLAP, RESOLVED, f.entity, f.severity, f.onset_ns, view.time_ns,
                                    f.evidence, summary=f"resolved: {f.summary}", detector=DETECTOR))
         return out

@@ -52,10 +52,11 @@ import numpy as np
 from .detector import Detector
 from .findings import OPEN, RESOLVED, WARNING, EntityRef, Evidence, Finding
 from .frames import NIC_PORT, SWITCH_PORT, FrameStack, SourceBatch
+from .vocabulary import HEADROOM_MISCONFIG, LOSSLESS_DROP
 
 DETECTOR = "lossless_drop/v1"
-KIND = "lossless_drop"
-CAUSE = "headroom_misconfig"
+KIND = LOSSLESS_DROP
+CAUSE = HEADROOM_MISCONFIG
 # PFC-enabled priorities: SONiC's default lossless queues ("pfc_enable": "3,4").
 LOSSLESS_PRIORITIES = (3, 4)
 # Drops summed per port over this window: one judgement per port per window.

@@ -54,11 +54,11 @@ from fabricwatch.xid import is_gpu_fault
 from .findings import Evidence
 from .frames import SourceView
 from .topology import Topology
+from .vocabulary import (ECC, GPU_ECC_UNCORRECTABLE, GPU_PCIE, GPU_XID, LINK_DOWN, LINK_DOWNGRADE, LINK_FLAP,
+                         NIC_DOWN, NIC_DOWNGRADE, NIC_PCIE, NODE_CAUSES, NONE, PARTIAL_PAUSE, PCIE_DOWNGRADE, POWER,
+                         STORM_VICTIM, THERMAL, UNKNOWN, XID)
 
 # -- causes ---------------------------------------------------------------------------------
-THERMAL, POWER, NIC_DOWNGRADE, STORM_VICTIM, XID, ECC, NONE, UNKNOWN = (
-    "thermal", "power", "nic_downgrade", "storm_victim", "xid", "ecc", "none", "unknown")
-NIC_DOWN, NIC_PCIE, PARTIAL_PAUSE, GPU_PCIE = "nic_down", "nic_pcie", "partial_pause", "gpu_pcie"
 # A rank's whole path: its GPU (clocks, PCIe, hardware errors), its rail NIC (link state and
 # rate, the NIC's own PCIe link, pauses received from its switch). Priority within a side: a
 # throttle that explains the slowdown beats a recent hardware error (XIDs and ECC errors
@@ -70,7 +70,7 @@ NIC_DOWN, NIC_PCIE, PARTIAL_PAUSE, GPU_PCIE = "nic_down", "nic_pcie", "partial_p
 # (the NIC's traffic crosses it, the kernels do not), so the network side tries it last.
 GPU_CAUSES = (THERMAL, POWER, GPU_PCIE, XID, ECC)                    # can slow a rank's own compute
 NETWORK_CAUSES = (NIC_DOWN, NIC_DOWNGRADE, NIC_PCIE, STORM_VICTIM, PARTIAL_PAUSE, GPU_PCIE)  # its collectives
-CAUSES = (THERMAL, POWER, NIC_DOWN, NIC_DOWNGRADE, NIC_PCIE, STORM_VICTIM, PARTIAL_PAUSE, GPU_PCIE, XID, ECC)
+CAUSES = NODE_CAUSES
 CAUSE_TEXT = {
     THERMAL: "thermal throttling",
     POWER: "power capping",
@@ -107,7 +107,7 @@ CONDITIONS = (THERMAL, POWER, NIC_DOWN, NIC_DOWNGRADE, NIC_PCIE, STORM_VICTIM, P
 # Anomalies that stage 1 opens on a node's NIC or GPU, which a straggler on that NIC or GPU
 # cites by id (the digest carries them as episodes whose condition is the kind and whose
 # detail is the id of the open event; `HealthBook.related_for`).
-RELATED_KINDS = ("link_down", "link_downgrade", "pcie_downgrade", "link_flap", "gpu_xid", "gpu_ecc_uncorrectable")
+RELATED_KINDS = (LINK_DOWN, LINK_DOWNGRADE, PCIE_DOWNGRADE, LINK_FLAP, GPU_XID, GPU_ECC_UNCORRECTABLE)
 
 # -- NVML clocks-event reasons (nvmlClocksEventReason*) ---------------------------------------
 REASON_GPU_IDLE = 0x1

@@ -50,9 +50,10 @@ from .detector import ChangeDetector
 from .findings import CRITICAL, OPEN, RESOLVED, EntityRef, Evidence, Finding
 from .pfc_storm import DEFAULT_DETECTION_TIME_MS, PAUSED, PAUSING, PauseStateChange
 from .topology import Topology
+from .vocabulary import PFC_DEADLOCK, PFC_DEADLOCK_CAUSE
 
 DETECTOR = "pfc_deadlock/v1"
-KIND = "pfc_deadlock"
+KIND = PFC_DEADLOCK
 # A cycle of holds must last this long: five SONiC pfcwd detection times (DEFAULT_DETECTION_TIME
 # 200 ms; the watchdog's own restoration time is 200 ms too, so a loop that the watchdogs break
 # or that clears by itself is gone well within it). Transient cycles do form while a storm's
@@ -182,7 +183,7 @@ class PfcDeadlockDetector(ChangeDetector):
                                f"prio {c.priority}: every port of the loop held at once: " + "; ".join(held_ports))],
             probable_cause=("cyclic buffer dependency: a routing loop or down-up routing (after a link failure) "
                             "closed a loop of PFC pauses that no buffer on it can drain"),
-            cause="pfc_deadlock",
+            cause=PFC_DEADLOCK_CAUSE,
             suggested_action=(f"break the cycle: enable the PFC watchdog with action drop on {drop_on} "
                               f"(SONiC `pfcwd start --action drop`), and check routing for up-down violations "
                               f"or a routing loop through {', '.join(dict.fromkeys(switches))} (after a link failure)"),

@@ -85,11 +85,12 @@ from .findings import CRITICAL, OPEN, RESOLVED, UPDATE, EntityRef, Evidence, Fin
 from .pfc_storm import PAUSED, PAUSING, PauseStateChange
 from .topology import Topology
 from .watermark import LowWatermark
+from .vocabulary import PFC_STORM, SILENT_HOST, STUCK_HOST, SWITCH_PORT
 
 DETECTOR = "pfc_storm/v1"
-KIND = "pfc_storm"
+KIND = PFC_STORM
 # Cause codes of a storm source (AnomalyEvent.cause_code), by how the source was found.
-CAUSE_STUCK_HOST, CAUSE_SILENT_HOST, CAUSE_SWITCH_PORT = "stuck_host", "silent_host", "switch_port"
+CAUSE_STUCK_HOST, CAUSE_SILENT_HOST, CAUSE_SWITCH_PORT = STUCK_HOST, SILENT_HOST, SWITCH_PORT
 NIC_SOURCE_CONFIDENCE = 1.0
 # The source's own NIC is not reporting: the leaf port it holds is named instead.
 SILENT_SOURCE_CONFIDENCE = 0.6

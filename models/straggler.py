@@ -73,9 +73,10 @@ from .findings import CRITICAL, INFO, OPEN, RESOLVED, UPDATE, WARNING, EntityRef
 from .frames import RankStep, SourceView
 from .node_health import (CAUSE_ACTION, GPU_CAUSES, NETWORK_CAUSES, NIC_DOWN, NIC_DOWNGRADE, NIC_PCIE, NONE,
                           PARTIAL_PAUSE, STORM_VICTIM, NodeHealthBook, describe_cause, rail_nic)
+from .vocabulary import STRAGGLER
 
 DETECTOR = "straggler/v1"
-KIND = "straggler"
+KIND = STRAGGLER
 
 # -- defaults (every one a constructor keyword) ------------------------------------------
 ROBUST_Z = 4.0              # robust z of busy_seconds (MAD scaled to a normal sigma)

@@ -41,6 +41,7 @@ from .detector import Detector
 from .baseline import NoveltyAlarm
 from .findings import INFO, OPEN, RESOLVED, EntityRef, Evidence, Finding
 from .frames import GPU, NIC_PORT, LayoutGroup, SourceBatch, SourceView
+from .vocabulary import UNKNOWN_ANOMALY
 
 DETECTOR = "unknown/v1"
 WINDOW_S = 10.0            # one learning sample per node per window
@@ -258,7 +259,7 @@ class UnknownAnomalyDetector(Detector):
             if node.open is None:
                 feature = max(per_feature, key=per_feature.get)
                 node.open = Finding(
-                    "unknown_anomaly", OPEN, EntityRef(cluster=view.cluster, node=view.source), INFO,
+                    UNKNOWN_ANOMALY, OPEN, EntityRef(cluster=view.cluster, node=view.source), INFO,
                     onset_ns=view.time_ns, detected_ns=view.time_ns,
                     evidence=[Evidence(feature, x[feature], self.threshold, "window mean",
                                        f"novelty score {score:.2f} over a {self.window_s:g} s window")],
@@ -272,6 +273,6 @@ class UnknownAnomalyDetector(Detector):
             node.quiet += 1
             if node.quiet >= self.quiet_windows:
                 opened, node.open = node.open, None
-                return [Finding("unknown_anomaly", RESOLVED, opened.entity, INFO, opened.onset_ns, view.time_ns,
+                return [Finding(UNKNOWN_ANOMALY, RESOLVED, opened.entity, INFO, opened.onset_ns, view.time_ns,
                                 opened.evidence, summary=f"resolved: {opened.summary}", detector=DETECTOR)]
         return []

@@ -18,7 +18,7 @@ from fabricwatch.simulator.host_faults import (
     ApplicationXid, CheckpointStall, ClockSkew, EccUncorrectable, GpuPcieDowngrade, GpuXid, JobPause, LongStep,
     NodeReboot, Straggler,
 )
-from fabricwatch.simulator.labels import HANG_LABEL_MIN_S, GroundTruth, gpu_path, nic_path, port_path, rank_path
+from fabricwatch.simulator.labels import HANG_LABEL_MIN_S, GroundTruth, gpu_path, job_path, nic_path, port_path, rank_path
 from fabricwatch.simulator.timeline import INF
 from fabricwatch.xid import is_gpu_fault
 
@@ -98,7 +98,7 @@ class Labelling:
                 if f.cause in ("nic_downgrade", "storm_victim", "nic_pcie", "partial_pause", "nic_down"):
                     related += (nic_path(f.node, self._p_eid[p]),)
                 out.append(GroundTruth(f.kind, rank_path(jr.job.job_id, rank), self._ns(f.onset_s), self._ns(f.offset_s),
-                                       victims=(f"job/{jr.job.job_id}",), related=related,
+                                       victims=(job_path(jr.job.job_id),), related=related,
                                        detail={"cause": f.cause, "factor": f.factor, "node": f.node, "gpu": f.gpu}))
             elif isinstance(f, GpuXid):
                 occ = f.occurrences(until_s=f.offset_s if f.offset_s != INF else f.onset_s + 3600)
@@ -132,7 +132,7 @@ class Labelling:
                     q = self._failover_port(f, p) if f.failover and j >= 0 else None
                     detail.update(failover_nic=self._p_eid[q] if q is not None else "", fec_warning_s=f.fec_warning_s)
                 out.append(GroundTruth(f.kind, nic_path(f.node, f.nic), self._ns(f.onset_s), self._ns(f.offset_s),
-                                       victims=(f"job/{self._jobs[j].job.job_id}",) if j >= 0 else (), related=(leaf,),
+                                       victims=(job_path(self._jobs[j].job.job_id),) if j >= 0 else (), related=(leaf,),
                                        expect_alert=isinstance(f, LinkDown), detail=detail))
             elif isinstance(f, (EcmpPolarization, PfcDeadlock)):
                 out.append(self._fabric_fault_truth(f))
@@ -152,7 +152,7 @@ class Labelling:
         must-not-fire job stalls (checkpoint, pause, long step)."""
         if isinstance(f, (CheckpointStall, JobPause, LongStep)):
             jr = self._rank_fault_job(f)
-            return [GroundTruth(f.kind, f"job/{jr.job.job_id}", self._ns(f.onset_s), self._ns(f.offset_s),
+            return [GroundTruth(f.kind, job_path(jr.job.job_id), self._ns(f.onset_s), self._ns(f.offset_s),
                                 expect_alert=False, detail={"duration_s": f.duration_s, "node": f.node})]
         out: list[GroundTruth] = []
         end = getattr(f, "effective_offset_s", f.offset_s)
@@ -167,7 +167,7 @@ class Labelling:
             p = self._nic_of_gpu(node, gpu)
             out.append(GroundTruth(
                 "hang", rank_path(jr.job.job_id, rank), self._ns(f.onset_s), self._ns(end),
-                victims=(f"job/{jr.job.job_id}",), related=(gpu_path(node, gpu), nic_path(node, self._p_eid[p])),
+                victims=(job_path(jr.job.job_id),), related=(gpu_path(node, gpu), nic_path(node, self._p_eid[p])),
                 detail={"root": root, "node": node, "gpu": gpu, "rank": rank, "via": f.kind,
                         "culprits": tuple(rank_path(jr.job.job_id, r) for _, r, _ in culprits)}))
         return out

@@ -4,36 +4,47 @@
 
 * NIC port ``"node-0003/mlx5_2/1"``; GPU ``"node-0003/gpu2"``; node ``"node-0003"``
 * switch port ``"leaf-u0-r2/Ethernet3"``
-* training rank ``"job/<job_id>/rank/<rank>"`` (a hang: its culprit); a whole job ``"job/<job_id>"``
+* training rank ``"job=<job_id>/rank=<rank>"`` (a hang: its culprit); a whole job ``"job=<job_id>"``
 
->>> nic_path("node-0003", "mlx5_2/1"), rank_path("job-a", 17)
-('node-0003/mlx5_2/1', 'job/job-a/rank/17')
+the `EntityRef.local_path` spelling of the same entities (a detector's event reads the same).
+
+>>> nic_path("node-0003", "mlx5_2/1"), rank_path("job-a", 17), job_path("job-a")
+('node-0003/mlx5_2/1', 'job=job-a/rank=17', 'job=job-a')
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fabricwatch.models.findings import EntityRef
+from fabricwatch.models.vocabulary import HANG_ROOTS as HANG_ROOTS   # re-exported: the ground truth's roots
+from fabricwatch.models.vocabulary import NIC_DOWN, PROCESS_LOST, STUCK_PROCESS, XID
+
 
 def nic_path(node: str, nic: str) -> str:
-    return f"{node}/{nic}"
+    """``nic``: the NIC port's entity id, ``"<device>/<port>"``."""
+    device, _, port = nic.partition("/")
+    return EntityRef(node=node, device=device, port=port).local_path()
 
 
 def gpu_path(node: str, gpu: int) -> str:
-    return f"{node}/gpu{gpu}"
+    return EntityRef(node=node, device=f"gpu{gpu}").local_path()
 
 
 def port_path(switch: str, port: str) -> str:
-    return f"{switch}/{port}"
+    return EntityRef(switch=switch, port=port).local_path()
 
 
 def rank_path(job_id: str, rank: int) -> str:
-    return f"job/{job_id}/rank/{rank}"
+    return EntityRef(job=job_id, rank=str(rank)).local_path()
+
+
+def job_path(job_id: str) -> str:
+    return EntityRef(job=job_id).local_path()
 
 
 # -- hangs: one rank holds up its job's collective (rank side; labelled ``hang``) -------------
 # The probable roots of a hang, as the ground truth names them (and `models.hang` codes them).
-HANG_STUCK_PROCESS, HANG_PROCESS_LOST, HANG_XID, HANG_NIC_DOWN = "stuck_process", "process_lost", "xid", "nic_down"
-HANG_ROOTS = (HANG_STUCK_PROCESS, HANG_PROCESS_LOST, HANG_XID, HANG_NIC_DOWN)
+HANG_STUCK_PROCESS, HANG_PROCESS_LOST, HANG_XID, HANG_NIC_DOWN = STUCK_PROCESS, PROCESS_LOST, XID, NIC_DOWN
 # A job stalled at least this long is labelled a hang (the NCCL watchdog's victims see one):
 # the longest normal stall of a collective, and long enough for a heartbeat-based detector
 # (5 s heartbeats) to tell. A shorter stall is labelled nothing: an alarm there is explained
@@ -47,7 +58,7 @@ class GroundTruth:
 
     ``entity`` is the source (the port that storms, the degraded link, the slow rank);
     ``victims`` are the entities it harms without being at fault (storm-paused ports,
-    the other ranks of a straggler's job as ``"job/<id>"``); ``related`` are entities where
+    the other ranks of a straggler's job as ``"job=<id>"``); ``related`` are entities where
     the fault is also visible (the leaf port facing a NIC, the straggler's GPU). Times are
     absolute event time; ``offset_unix_ns`` is None when the fault outlives the run.
     ``expect_alert`` is False for the must-not-fire cases (admin toggle, reboot, XON

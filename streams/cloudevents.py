@@ -48,8 +48,9 @@ from urllib.parse import quote
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
-from fabricwatch.models.findings import EntityRef
 from fabricwatch.protos.v1 import events_pb2 as ev
+
+from .events import LIFECYCLE_NAME, OUTCOME_NAME, entity_ref
 
 __all__ = [
     "CONTENT_TYPE_PROTOBUF",
@@ -79,11 +80,6 @@ TopicKind = Literal["anomaly", "action", "audit"]
 _TYPE_PREFIX: dict[str, str] = {"anomaly": TYPE_ANOMALY, "action": TYPE_ACTION, "audit": TYPE_AUDIT}
 _REQUIRED = ("specversion", "id", "source", "type")
 
-# "open", "resolved", "refused_kill_switch": enum names without their prefix, lower case.
-_LIFECYCLE_NAME = {v.number: v.name.removeprefix("LIFECYCLE_").lower()
-                   for v in ev.Lifecycle.DESCRIPTOR.values if v.number}
-_OUTCOME_NAME = {v.number: v.name.removeprefix("OUTCOME_").lower()
-                 for v in ev.Outcome.DESCRIPTOR.values if v.number}
 
 _RFC3339 = re.compile(r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
                       r"(?:([Zz])|([+-])(\d{2}):(\d{2}))")
@@ -130,8 +126,7 @@ class FeedEvent:
 # ---------------------------------------------------------------------- writing
 def entity_path(entity: ev.EntityPath) -> str:
     """The readable path of an entity, the same as in dedup keys: ``c1/node-0007/mlx5_3/1``."""
-    return EntityRef(cluster=entity.cluster, switch=entity.switch, node=entity.node, device=entity.device,
-                     port=entity.port, rank=entity.rank, job=entity.job).path()
+    return entity_ref(entity).path()
 
 
 def entity_key(path: str) -> bytes:
@@ -173,7 +168,7 @@ def anomaly_headers(event: ev.AnomalyEvent) -> list[tuple[str, bytes]]:
     if not event.id or not event.kind:
         raise CloudEventError(f"an anomaly needs an id and a kind to be a CloudEvent (id={event.id!r}, "
                               f"kind={event.kind!r})")
-    lifecycle = _LIFECYCLE_NAME.get(event.lifecycle)
+    lifecycle = LIFECYCLE_NAME.get(event.lifecycle)
     if lifecycle is None:
         raise CloudEventError(f"anomaly {event.id}: lifecycle {event.lifecycle} is not open/update/resolved")
     path = entity_path(event.entity)
@@ -198,7 +193,7 @@ def decision_headers(decision: ev.ActionDecision, topic_kind: Literal["action", 
         raise CloudEventError(f"topic_kind must be 'action' or 'audit', got {topic_kind!r}")
     if not decision.idempotency_key:
         raise CloudEventError("a decision needs an idempotency_key to be a CloudEvent")
-    outcome = _OUTCOME_NAME.get(decision.outcome)
+    outcome = OUTCOME_NAME.get(decision.outcome)
     if outcome is None:
         raise CloudEventError(f"decision {decision.idempotency_key}: outcome {decision.outcome} is unspecified "
                               "or unknown")

@@ -31,6 +31,7 @@ import asyncio
 import collections
 import dataclasses
 import fnmatch
+import functools
 import logging
 import math
 import time
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 import grpc
 
 from fabricwatch.lograte import RateLimitedLogger, install_reconnect_log_limits
+from fabricwatch.models.event_filter import EventFilter
 from fabricwatch.netaddr import is_loopback, split_host_port
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import feed_pb2 as fpb
@@ -49,6 +51,7 @@ from . import topics
 from .admission import MAX_SUBSCRIPTIONS_PER_TOKEN
 from .auth import TokenAuth
 from .cloudevents import CloudEventError, FeedEvent, anomaly_headers, decision_headers, parse
+from .events import SEVERITY_NAME, anomaly_facts, decision_facts
 from .gateway import server_credentials
 
 log = logging.getLogger("fabricwatch.feed")
@@ -99,17 +102,25 @@ class Subscription:
         wanted = {"anomaly": True, "action": self.include_actions, "audit": self.include_audit}
         return [topic for topic, kind in FEED_TOPICS.items() if wanted[kind]]
 
+    @functools.cached_property
+    def event_filter(self) -> EventFilter:
+        """This subscription as the shared filter."""
+        return EventFilter(kinds=self.kinds, min_severity=SEVERITY_NAME.get(self.min_severity, ""),
+                           clusters=frozenset({self.cluster} - {""}), job=self.job,
+                           min_impact_gpu_hours_per_hour=self.min_impact_gpu_hours_per_hour)
+
+    @functools.cached_property
+    def _resolution_filter(self) -> EventFilter:
+        # A resolution passes any GPU-hour rate: the subscriber saw the anomaly open.
+        return dataclasses.replace(self.event_filter, min_impact_gpu_hours_per_hour=0.0)
+
     def matches(self, event: FeedEvent) -> bool:
         message = event.message
         if isinstance(message, ev.AnomalyEvent):
-            return (self._kind_ok(message.kind) and message.severity >= self.min_severity
-                    and (message.lifecycle == ev.LIFECYCLE_RESOLVED
-                         or message.impact_gpu_hours_per_hour >= self.min_impact_gpu_hours_per_hour)
-                    and self._cluster_ok(message.entity.cluster)
-                    and self._job_ok([message.entity, *message.related]) and self._scope_ok(message.entity))
+            core = self._resolution_filter if message.lifecycle == ev.LIFECYCLE_RESOLVED else self.event_filter
+            return core.admits(anomaly_facts(message)) and self._scope_ok(message.entity)
         wanted = self.include_actions if event.topic_kind == "action" else self.include_audit
-        return (wanted and self._kind_ok(message.anomaly_kind) and self._cluster_ok(message.target.cluster)
-                and self._job_ok([message.target]) and self._scope_ok(message.target))
+        return wanted and self.event_filter.admits(decision_facts(message)) and self._scope_ok(message.target)
 
     def _scope_ok(self, entity: ev.EntityPath) -> bool:
         if self.cluster_scope and entity.cluster != self.cluster_scope:
@@ -119,14 +130,6 @@ class Subscription:
         name = entity.node or entity.switch
         return bool(name) and any(fnmatch.fnmatchcase(name, glob) for glob in self.scope)
 
-    def _kind_ok(self, kind: str) -> bool:
-        return not self.kinds or kind in self.kinds
-
-    def _cluster_ok(self, cluster: str) -> bool:
-        return not self.cluster or cluster == self.cluster
-
-    def _job_ok(self, entities: list[ev.EntityPath]) -> bool:
-        return not self.job or any(e.job == self.job for e in entities)
 
 
 @dataclass(frozen=True)

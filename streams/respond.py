@@ -35,11 +35,11 @@ from fabricwatch.actions.base import ALERT, FAILED, Executor, ExecutionResult
 from fabricwatch.actions.policy import Policy, load_policy
 from fabricwatch.actions.responder import Decision, Responder
 from fabricwatch.actions.wiring import Backends, build
-from fabricwatch.models.findings import EntityRef
 from fabricwatch.protos.v1 import events_pb2 as ev
 
 from . import topics
 from .cloudevents import CloudEventError, decision_headers
+from .events import entity_ref
 
 log = logging.getLogger("fabricwatch.respond")
 
@@ -75,9 +75,7 @@ class ResponderStats:
 
 
 def _target_path(record: ev.ActionDecision) -> str:
-    t = record.target
-    return EntityRef(cluster=t.cluster, switch=t.switch, node=t.node, device=t.device, port=t.port, rank=t.rank,
-                     job=t.job).path()
+    return entity_ref(record.target).path()
 
 
 def describe(record: ev.ActionDecision) -> str:

@@ -166,3 +166,20 @@ async def test_the_report_page_shows_what_the_feed_read_under_the_strict_policy(
         assert css.status == 200 and "text/css" in css.headers["Content-Type"]
     finally:
         await client.close()
+
+
+async def test_a_rank_page_is_addressed_by_the_entity_spelling_as_the_browser_encodes_it():
+    state = FabricState()
+    state.add_anomaly(ev.AnomalyEvent(id="s1", dedup_key="straggler:c/job=job-7/rank=2", kind="straggler",
+                                      severity=ev.SEVERITY_WARNING, lifecycle=ev.LIFECYCLE_OPEN, detected_unix_ns=1,
+                                      entity=ev.EntityPath(cluster="c", job="job-7", rank="2")))
+    client = await client_for(state)
+    try:
+        # common.js entityHref: each segment through encodeURIComponent ("=" -> "%3D")
+        for url in ("/api/entity/job%3Djob-7/rank%3D2", "/api/entity/job=job-7/rank=2"):
+            page = await (await client.get(url)).json()
+            assert page["kind"] == "rank" and page["path"] == "job=job-7/rank=2", url
+            assert page["health"]["role"] == "straggler" and [a["id"] for a in page["anomalies"]] == ["s1"]
+        assert (await client.get("/entity/job%3Djob-7/rank%3D2")).status == 200
+    finally:
+        await client.close()

@@ -141,7 +141,7 @@ def test_health_roles_source_victims_downgraded_straggler_and_rollup():
     assert role("leaf-u0-r5") == "victim"                         # a switch shows its ports' worst role
     assert role("node-0002/mlx5_3/1") == "downgraded"
     assert role("node-0002") == "downgraded"                      # downgraded is worse than victim
-    assert role("node-0003/gpu2") == "straggler" and role("job/job-7/rank/2") == "straggler"
+    assert role("node-0003/gpu2") == "straggler" and role("job=job-7/rank=2") == "straggler"
     assert role("node-0004") == "fault" and role("node-0009") == "ok"
     assert state.health("node-0001/mlx5_5/1").anomalies == ("pfc_storm:c1/node-0001/mlx5_5/1",)
 

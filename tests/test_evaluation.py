@@ -35,7 +35,7 @@ DOWNGRADE = GroundTruth("link_downgrade", "node-0002/mlx5_3/1", T0 + 10 * S, Non
 STORM = GroundTruth("pfc_storm", "node-0003/mlx5_5/1", T0 + 20 * S, T0 + 25 * S,
                     victims=("node-0001/mlx5_5/1", "node-0002/mlx5_5/1", "spine-0/Ethernet5"),
                     related=("leaf-u0-r5/Ethernet2",))
-STRAGGLER = GroundTruth("straggler", "job/job-001/rank/11", T0 + 30 * S, None, victims=("job/job-001",),
+STRAGGLER = GroundTruth("straggler", "job=job-001/rank=11", T0 + 30 * S, None, victims=("job=job-001",),
                         related=("node-0002/gpu3",), detail={"node": "node-0002", "gpu": 3, "cause": "thermal"})
 
 
@@ -43,7 +43,7 @@ def test_entity_paths_are_spelled_like_ground_truth():
     assert entity_path(ev.EntityPath(cluster="c", node="node-0003", device="mlx5_2", port="1")) == "node-0003/mlx5_2/1"
     assert entity_path(ev.EntityPath(cluster="c", node="node-0003", device="gpu2")) == "node-0003/gpu2"
     assert entity_path(ev.EntityPath(cluster="c", switch="leaf-u0-r2", port="Ethernet3")) == "leaf-u0-r2/Ethernet3"
-    assert entity_path(ev.EntityPath(cluster="c", job="job-7", rank="3", node="n", device="gpu3")) == "job/job-7/rank/3"
+    assert entity_path(ev.EntityPath(cluster="c", job="job-7", rank="3", node="n", device="gpu3")) == "job=job-7/rank=3"
 
 
 def test_downgrade_tp_with_delay_and_the_leaf_port_is_the_same_incident():
@@ -97,7 +97,7 @@ def test_straggler_matches_job_rank_and_node():
     wrong_rank = event("straggler", 38.0, job="job-001", rank="12", node="node-0002", device="gpu4")
     wrong_node = event("straggler", 39.0, job="job-001", rank="11", node="node-0005", device="gpu3")
     m = match(dets(right, wrong_rank, wrong_node), [STRAGGLER], 1.0, END)
-    assert [(t.entity, t.delay_ns) for t in m.tps] == [("job/job-001/rank/11", 8 * S)]
+    assert [(t.entity, t.delay_ns) for t in m.tps] == [("job=job-001/rank=11", 8 * S)]
     assert len(m.fps) == 2
 
 

@@ -262,7 +262,7 @@ def test_truth_is_what_the_job_did_not_progress():
                 "k": [(t, i) for i, t in enumerate(slow)]}
     stall = GroundTruth("gpu_xid", "node-0001/gpu0", 100 * S, 200 * S)
     idle = GroundTruth("link_flap", "node-0009/mlx5_0/1", 100 * S, 200 * S)
-    straggler = GroundTruth("straggler", "job/k/rank/3", 100 * S, 150 * S)
+    straggler = GroundTruth("straggler", "job=k/rank=3", 100 * S, 150 * S)
     jobs = {"j": ("node-0001", "node-0002"), "k": ("node-0003",)}
     lost = truth_gpu_hours([stall, idle, straggler], jobs, 4, progress, 0, 400 * S)
     assert lost[1] is None                               # no job on that node

@@ -425,7 +425,7 @@ def test_straggler_busy_and_wait_relation():
             steps[r.step].append(r)
     slow_rank = 1 * 8 + 3                    # node-0002 is the job's second node
     (gt,) = rec.sim.ground_truth()
-    assert gt.entity == f"job/job-a/rank/{slow_rank}" and gt.victims == ("job/job-a",)
+    assert gt.entity == f"job=job-a/rank={slow_rank}" and gt.victims == ("job=job-a",)
     assert gt.related == ("node-0002/gpu3",) and gt.detail["cause"] == "thermal"
     before, after = [], []
     for _step, ranks in sorted(steps.items()):
@@ -536,7 +536,7 @@ def test_ground_truth_and_demo_scenario():
     storm = truth[1]
     assert storm.victims and storm.entity not in storm.victims
     assert storm.active_at(storm.onset_unix_ns) and not storm.active_at(storm.offset_unix_ns)
-    assert truth[2].entity.startswith("job/") and truth[2].detail["cause"] == "thermal"
+    assert truth[2].entity.startswith("job=") and truth[2].detail["cause"] == "thermal"
     # the demo's faults hit nodes that do run jobs, so the straggler shows in RankSteps
     busy = {n for j in auto_jobs(topo, seed=5) for n in j.nodes}
     assert {faults[0].node, faults[1].sources[0][0], faults[2].node} <= busy

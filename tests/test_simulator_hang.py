@@ -120,8 +120,8 @@ def test_stuck_rank_never_enters_the_next_collective_its_peers_wait_in_it_and_it
     other = beats[("job-b", 0)]
     assert other[-1][2] > other[len(other) // 2][2]                       # the other job goes on
     (gt,) = hangs(sim)
-    assert gt.entity == "job/job-a/rank/11" and gt.expect_alert and gt.detail["root"] == "stuck_process"
-    assert gt.victims == ("job/job-a",) and f"{node}/gpu3" in gt.related
+    assert gt.entity == "job=job-a/rank=11" and gt.expect_alert and gt.detail["root"] == "stuck_process"
+    assert gt.victims == ("job=job-a",) and f"{node}/gpu3" in gt.related
 
 
 def test_dead_rank_stops_beating_and_its_job_restarts_at_the_offset():
@@ -135,7 +135,7 @@ def test_dead_rank_stops_beating_and_its_job_restarts_at_the_offset():
     peers = [x for x in beats[("job-a", 0)] if 30 < x[0] < 60]
     assert len({c for _, _, c, _ in peers}) == 1            # nothing completes while it is gone
     (gt,) = hangs(sim)
-    assert gt.entity == "job/job-a/rank/5" and gt.detail["root"] == "process_lost"
+    assert gt.entity == "job=job-a/rank=5" and gt.detail["root"] == "process_lost"
 
 
 def test_gpu_lost_and_nic_down_label_the_root_and_the_hang_as_its_consequence():
@@ -143,8 +143,8 @@ def test_gpu_lost_and_nic_down_label_the_root_and_the_hang_as_its_consequence():
     sim, _, _ = run([GpuXid(t.nodes[5], 2, 79, onset_s=10.4),
                      LinkDown(t.nodes[2], "mlx5_6/1", onset_s=12.4, failover=False)], seconds=5.0)
     kinds = sorted((g.kind, g.entity, g.detail.get("root")) for g in sim.ground_truth())
-    assert kinds == [("gpu_xid", f"{t.nodes[5]}/gpu2", None), ("hang", "job/job-a/rank/22", "nic_down"),
-                     ("hang", "job/job-b/rank/10", "xid"), ("link_down", f"{t.nodes[2]}/mlx5_6/1", None)]
+    assert kinds == [("gpu_xid", f"{t.nodes[5]}/gpu2", None), ("hang", "job=job-a/rank=22", "nic_down"),
+                     ("hang", "job=job-b/rank=10", "xid"), ("link_down", f"{t.nodes[2]}/mlx5_6/1", None)]
     assert all(g.expect_alert for g in sim.ground_truth())
 
 
@@ -161,7 +161,7 @@ def test_an_operator_shutting_a_busy_nics_leaf_port_for_minutes_hangs_its_job():
     leaf = t.nic(t.nodes[4], "mlx5_3/1")
     sim, _, _ = run([AdminToggle(leaf.switch, leaf.switch_port, onset_s=5.4, down_s=90.0)], seconds=2.0)
     (gt,) = hangs(sim)
-    assert gt.entity == "job/job-b/rank/3" and gt.detail["root"] == "nic_down"
+    assert gt.entity == "job=job-b/rank=3" and gt.detail["root"] == "nic_down"
 
 
 def test_negatives_are_labelled_must_not_fire_and_look_as_they_should():
@@ -171,7 +171,7 @@ def test_negatives_are_labelled_must_not_fire_and_look_as_they_should():
     sim, _, beats = run(faults, seconds=90.0)
     labels = {g.kind: g for g in sim.ground_truth()}
     assert set(labels) == {"checkpoint_stall", "job_pause"}
-    assert all(not g.expect_alert and g.entity.startswith("job/") for g in labels.values())
+    assert all(not g.expect_alert and g.entity.startswith("job=") for g in labels.values())
     ckpt = [x for x in beats[("job-a", 7)] if 20 < x[0] < 65]
     assert len({c for _, _, c, _ in ckpt}) == 1 and all(e == c for _, e, c, _ in ckpt)   # idle, nobody inside
     paused = beats[("job-b", 3)]
@@ -234,8 +234,8 @@ def test_a_hang_held_up_by_two_ranks_matches_either():
     from fabricwatch.simulator.labels import GroundTruth
     from fabricwatch.evaluation.matching import Detection, match
 
-    gt = GroundTruth("hang", "job/j/rank/3", 10, None, victims=("job/j",),
-                     detail={"root": "stuck_process", "culprits": ("job/j/rank/3", "job/j/rank/12")})
-    d = Detection("hang", "job/j/rank/12", 5_000_000_000, job="j", rank="12")
+    gt = GroundTruth("hang", "job=j/rank=3", 10, None, victims=("job=j",),
+                     detail={"root": "stuck_process", "culprits": ("job=j/rank=3", "job=j/rank=12")})
+    d = Detection("hang", "job=j/rank=12", 5_000_000_000, job="j", rank="12")
     m = match([d], [gt], interval_s=1.0, end_ns=60_000_000_000)
     assert len(m.tps) == 1 and not m.fps

@@ -110,7 +110,7 @@ def _truth_of(sim: ClusterSimulator) -> dict[str, GroundTruth]:
 def _check_named(run: Run, finding: Finding, node: str, gpu: int, onset_s: float, cause: str) -> int:
     """The finding names the right rank, node, GPU and cause in time; returns the delay in steps."""
     rank = _rank(node, gpu)
-    truth = _truth_of(run.sim)[f"job/job-a/rank/{rank}"]
+    truth = _truth_of(run.sim)[f"job=job-a/rank={rank}"]
     assert truth.detail["node"] == node and truth.detail["gpu"] == gpu
     assert finding.entity == EntityRef(cluster="sim", node=node, device=f"gpu{gpu}", rank=str(rank), job="job-a")
     assert finding.entity.path() == f"sim/job=job-a/rank={rank}"

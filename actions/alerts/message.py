@@ -19,7 +19,9 @@ from urllib.parse import quote
 
 from fabricwatch.actions.alerts.base import FIRING, RESOLVED, Alert
 from fabricwatch.actions.escape import untrusted
+from fabricwatch.models.vocabulary import WARNING
 from fabricwatch.protos.v1 import events_pb2 as pb
+from fabricwatch.streams.events import SEVERITY_NAME
 
 #: Grouping labels, in this order, taken from the entity when non-empty.
 LABEL_NAMES = ("cluster", "node", "switch", "port", "device", "job", "rank")
@@ -32,7 +34,6 @@ SECTION_CAUSE = "Probable cause"
 SECTION_ACTION = "Suggested action"
 SECTION_IMPACT = "Impact"
 
-_SEVERITY = {pb.SEVERITY_INFO: "info", pb.SEVERITY_WARNING: "warning", pb.SEVERITY_CRITICAL: "critical"}
 # Words that stay upper case (or their usual casing) in titles and alertnames.
 _ACRONYMS = {"pfc": "PFC", "pcie": "PCIe", "gpu": "GPU", "nic": "NIC", "xid": "XID", "ecc": "ECC",
              "rdma": "RDMA", "ecn": "ECN", "cnp": "CNP", "ib": "IB", "nvlink": "NVLink"}
@@ -132,7 +133,7 @@ def alert_from_anomaly(event: pb.AnomalyEvent, decisions: Sequence[str] = (), da
     if not dedup_key:
         raise ValueError("anomaly event has neither dedup_key nor id; cannot build an alert for it")
     resolved = event.lifecycle == pb.LIFECYCLE_RESOLVED
-    severity = _SEVERITY.get(event.severity, "warning")
+    severity = SEVERITY_NAME.get(event.severity, WARNING)
     starts_at_ns = event.onset_unix_ns or event.detected_unix_ns
     kind = untrusted(event.kind, 100)
     title = f"{kind_words(kind)} @ {entity_where(event.entity)}"

@@ -17,10 +17,11 @@ from fabricwatch.actions.alerts.base import RESOLVED, Alert, SendResult
 from fabricwatch.actions.escape import slack_escape
 from fabricwatch.actions.alerts.http import JsonPoster, RateLimiter, RetryPolicy, TokenBucket
 from fabricwatch.actions.alerts.message import truncate_chars
+from fabricwatch.models.vocabulary import CRITICAL, INFO, WARNING
 
 MAX_SECTION_CHARS = 2900     # Slack rejects a section text over 3000
 MAX_FALLBACK_CHARS = 3000
-_SEVERITY_EMOJI = {"critical": "\U0001f534", "warning": "\U0001f7e0", "info": "\U0001f535"}
+_SEVERITY_EMOJI = {CRITICAL: "\U0001f534", WARNING: "\U0001f7e0", INFO: "\U0001f535"}
 _RESOLVED_EMOJI = "\u2705"
 
 mrkdwn_escape = slack_escape     # the name callers used before `escape` existed

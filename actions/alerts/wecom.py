@@ -21,13 +21,14 @@ from fabricwatch.actions.escape import markup_neutral
 from fabricwatch.actions.alerts.http import (FAIL, OK, RETRY, JsonPoster, RateLimiter, RetryPolicy, body_json,
                                             judge_http_status)
 from fabricwatch.actions.alerts.message import truncate_utf8
+from fabricwatch.models.vocabulary import CRITICAL, INFO, WARNING
 
 MSG_TYPES = ("markdown", "text")
 MAX_MARKDOWN_BYTES = 4096
 MAX_TEXT_BYTES = 2048
 RATE_LIMIT_ERRCODES = frozenset({45009})
 # WeCom markdown has three colours: info (green), comment (grey), warning (orange-red).
-_SEVERITY_COLOUR = {"critical": "warning", "warning": "warning", "info": "comment"}
+_SEVERITY_COLOUR = {CRITICAL: "warning", WARNING: "warning", INFO: "comment"}
 
 
 def wecom_message(alert: Alert, msg_type: str = "markdown", mentioned: Sequence[str] = ()) -> dict[str, Any]:

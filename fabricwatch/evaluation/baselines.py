@@ -63,6 +63,8 @@ import numpy as np
 from fabricwatch.models.findings import OPEN, RESOLVED, WARNING, EntityRef, Evidence, Finding
 from fabricwatch.models.frames import GPU, NIC_PORT, SWITCH_PORT, EntityFrame, SourceView
 from fabricwatch.models.topology import DEFAULT_NIC_RATE, Topology
+from fabricwatch.models.vocabulary import (GPU_ECC_UNCORRECTABLE, GPU_XID, LINK_DOWN, LINK_DOWNGRADE, LINK_FLAP,
+                                           PCIE_DOWNGRADE, PFC_STORM, STRAGGLER)
 
 __all__ = ["StaticRules", "StaticRulesConfig", "HstBaseline", "HST_THRESHOLD", "SCORE_BINS"]
 
@@ -160,7 +162,7 @@ class StaticRules:
             if frame.kind == NIC_PORT:
                 out += self._pause(view, frame, _NIC_PAUSE, _nic_entity)
                 out += self._speed(view, frame)
-                out += self._increase(view, frame, "link_downed", "link_flap", _nic_entity, "link went down")
+                out += self._increase(view, frame, "link_downed", LINK_FLAP, _nic_entity, "link went down")
                 out += self._pcie(view, frame, _nic_entity)
                 speed = frame.gauge("netdev_speed_mbps")
                 out += self._dead(view, frame, speed == -1, speed == speed, _nic_entity)
@@ -170,11 +172,11 @@ class StaticRules:
                 out += self._dead(view, frame, (oper == 0) & (admin == 1), oper == oper, _port_entity)
             elif frame.kind == GPU:
                 out += self._pcie(view, frame, _gpu_entity)
-                out += self._increase(view, frame, "ecc_uncorrected_volatile_total", "gpu_ecc_uncorrectable",
+                out += self._increase(view, frame, "ecc_uncorrected_volatile_total", GPU_ECC_UNCORRECTABLE,
                                       _gpu_entity, "uncorrectable ECC errors")
         for event in view.events:
             if event.kind == "xid":
-                out += self.alerts.fire(("xid", view.source, event.entity_id), "gpu_xid",
+                out += self.alerts.fire(("xid", view.source, event.entity_id), GPU_XID,
                                         _gpu_entity(view, event.entity_id), t,
                                         f"{view.source} {event.entity_id} XID {event.code}")
         for step in view.rank_steps:
@@ -206,7 +208,7 @@ class StaticRules:
             since = self._pending.setdefault(k, t)
             if t - since >= cfg.pause_for_s * 1e9 and k not in self.alerts.open:
                 r = float(np.nanmax(rate[i]))
-                out += self.alerts.fire(k, "pfc_storm", entity(view, eid), t,
+                out += self.alerts.fire(k, PFC_STORM, entity(view, eid), t,
                                         f"{view.source} {eid} PFC pause frames {r:.0f}/s for 1m",
                                         [Evidence("pause_frames_per_s", r, cfg.pause_frames_per_s, "frames/s")],
                                         onset_ns=since)
@@ -232,7 +234,7 @@ class StaticRules:
         low = (speed > 0) & (speed < nominal)
         ok = ~low & (speed == speed)                   # a reading that is not low (NaN: no reading)
         return self._states(view, frame, "speed", low, ok, lambda i, eid: (
-            "link_downgrade", _nic_entity(view, eid), f"{view.source} {eid} speed {speed[i]:g} Mb/s < {nominal[i]:g}",
+            LINK_DOWNGRADE, _nic_entity(view, eid), f"{view.source} {eid} speed {speed[i]:g} Mb/s < {nominal[i]:g}",
             [Evidence("netdev_speed_mbps", float(speed[i]), float(nominal[i]), "Mb/s")]))
 
     def _states(self, view, frame: EntityFrame, rule: str, firing: np.ndarray, clear: np.ndarray,
@@ -275,7 +277,7 @@ class StaticRules:
             k = ("dead", view.source, frame.ids[i])
             since = self._pending.setdefault(k, t)
             if t - since >= self.config.dead_for_s * 1e9 and k not in self.alerts.open:
-                out += self.alerts.fire(k, "link_down", entity(view, frame.ids[i]), t,
+                out += self.alerts.fire(k, LINK_DOWN, entity(view, frame.ids[i]), t,
                                         f"{view.source} {frame.ids[i]} link down for 1m", onset_ns=since)
         if self._pending:
             for i in np.flatnonzero(read & ~dead):
@@ -288,7 +290,7 @@ class StaticRules:
         width, width_max = frame.gauge("pcie_width_current"), frame.gauge("pcie_width_max")
         narrow = width < width_max                     # NaN compares False
         return self._states(view, frame, "pcie", narrow, ~narrow & (width == width), lambda i, eid: (
-            "pcie_downgrade", entity(view, eid), f"{view.source} {eid} PCIe x{width[i]:g} < x{width_max[i]:g}",
+            PCIE_DOWNGRADE, entity(view, eid), f"{view.source} {eid} PCIe x{width[i]:g} < x{width_max[i]:g}",
             [Evidence("pcie_width", float(width[i]), float(width_max[i]), "lanes")]))
 
     def _step(self, view, step) -> list[Finding]:
@@ -304,7 +306,7 @@ class StaticRules:
             if step.step_seconds > cfg.step_factor * median:
                 entity = EntityRef(cluster=view.cluster, node=step.node, device=f"gpu{step.local_gpu}",
                                    rank=str(step.rank), job=step.job_id)
-                out += self.alerts.fire(k, "straggler", entity, end_ns,
+                out += self.alerts.fire(k, STRAGGLER, entity, end_ns,
                                         f"{step.job_id} rank {step.rank} step {step.step_seconds:.2f} s > "
                                         f"{cfg.step_factor:g} x job median {median:.2f} s",
                                         [Evidence("step_seconds", step.step_seconds, cfg.step_factor * median, "s")])
@@ -329,10 +331,10 @@ _HST_FEATURES = {
     "rank": ("busy_s", "wait_s", "step_s"),
 }
 _HST_CLASS = {
-    "tx_pause_duty": "pfc_storm", "rx_pause_duty": "pfc_storm",
-    "tx_util": "link_downgrade", "rx_util": "link_downgrade", "in_util": "link_downgrade",
-    "out_util": "link_downgrade",
-    "busy_s": "straggler", "wait_s": "straggler", "step_s": "straggler",
+    "tx_pause_duty": PFC_STORM, "rx_pause_duty": PFC_STORM,
+    "tx_util": LINK_DOWNGRADE, "rx_util": LINK_DOWNGRADE, "in_util": LINK_DOWNGRADE,
+    "out_util": LINK_DOWNGRADE,
+    "busy_s": STRAGGLER, "wait_s": STRAGGLER, "step_s": STRAGGLER,
 }
 
 

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from fabricwatch.models.findings import JOB_KEY, EntityRef
 from fabricwatch.simulator.labels import GroundTruth
 
 # After a fault clears, a stalled job restarts from its checkpoint: count this much more.
@@ -71,11 +72,11 @@ def top_overlap(ours: Sequence[float], truth: Sequence[float], k: int = TOP_K) -
 def _jobs_of(gt: GroundTruth, job_of_node: Mapping[str, str]) -> set[str]:
     jobs: set[str] = set()
     for path in (gt.entity, *gt.victims):
-        parts = path.split("/")
-        if parts[0] == "job" and len(parts) > 1:
-            jobs.add(parts[1])
-        elif parts[0] in job_of_node:
-            jobs.add(job_of_node[parts[0]])
+        head = path.split("/")[0]
+        if path.startswith(JOB_KEY):
+            jobs.add(EntityRef.parse(path).job)
+        elif head in job_of_node:
+            jobs.add(job_of_node[head])
     return jobs
 
 

@@ -44,10 +44,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from fabricwatch.models.findings import JOB_KEY, EntityRef
+from fabricwatch.models.vocabulary import (GPU_ECC_UNCORRECTABLE, GPU_XID, HANG, LINK_DOWN, LINK_DOWNGRADE, LINK_FLAP,
+                                           PCIE_DOWNGRADE, PFC_STORM, STRAGGLER)
 from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.simulator.labels import GroundTruth
+from fabricwatch.streams.events import entity_ref
 from fabricwatch.xid import UNCORRECTABLE_ECC_XIDS
 
 from .scenarios import fault_class
@@ -61,23 +65,23 @@ CLOCK_TOLERANCE_NS = 10_000_000
 
 # Classes an expected fault explains when they open on an entity it touches.
 CONSEQUENCES: dict[str, frozenset[str]] = {
-    "link_downgrade": frozenset({"straggler"}),
-    "pcie_downgrade": frozenset({"straggler"}),
-    "link_flap": frozenset({"straggler"}),
-    "link_down": frozenset({"straggler", "hang"}),
-    "pfc_storm": frozenset({"straggler", "hang"}),
-    "gpu_xid": frozenset({"straggler", "hang"}),
-    "gpu_ecc_uncorrectable": frozenset(),
+    LINK_DOWNGRADE: frozenset({STRAGGLER}),
+    PCIE_DOWNGRADE: frozenset({STRAGGLER}),
+    LINK_FLAP: frozenset({STRAGGLER}),
+    LINK_DOWN: frozenset({STRAGGLER, HANG}),
+    PFC_STORM: frozenset({STRAGGLER, HANG}),
+    GPU_XID: frozenset({STRAGGLER, HANG}),
+    GPU_ECC_UNCORRECTABLE: frozenset(),
     # the straggler's own cause, where it is an anomaly of its own on its node (its dead NIC)
-    "straggler": frozenset({"link_flap", "link_down"}),
+    STRAGGLER: frozenset({LINK_FLAP, LINK_DOWN}),
 }
 
 # Classes whose ground truth names victims that are not at fault (storm-paused ports; the
 # sibling GPUs whose contexts an XID cascade cleaned up with XID 45): an alarm there is a FP.
-_VICTIM_CLASSES = frozenset({"pfc_storm", "gpu_xid"})
+_VICTIM_CLASSES = frozenset({PFC_STORM, GPU_XID})
 
 # Kinds whose source is a NIC link: the leaf port facing it is the same incident.
-_LINK_CLASSES = frozenset({"link_downgrade", "link_flap", "pfc_storm", "link_down"})
+_LINK_CLASSES = frozenset({LINK_DOWNGRADE, LINK_FLAP, PFC_STORM, LINK_DOWN})
 
 
 def grace_ns(cls: str | None, interval_s: float, expect_alert: bool = True) -> int:
@@ -88,7 +92,7 @@ def grace_ns(cls: str | None, interval_s: float, expect_alert: bool = True) -> i
     """
     if not expect_alert:
         return int(max(2.0, 10 * interval_s) * 1e9)
-    if cls == "straggler":
+    if cls == STRAGGLER:
         return int(60e9)
     return int(max(5.0, 10 * interval_s) * 1e9)
 
@@ -97,7 +101,7 @@ def grace_ns(cls: str | None, interval_s: float, expect_alert: bool = True) -> i
 class Detection:
     """An OPEN event reduced to what scoring needs (picklable, detector-agnostic)."""
     kind: str
-    entity: str                 # canonical path: node/device/port, switch/port, job/<id>/rank/<r>
+    entity: str                 # `entity_path`: node/device/port, switch/port, job=<id>/rank=<r>
     detected_ns: int
     node: str = ""
     device: str = ""
@@ -110,12 +114,12 @@ class Detection:
 
 
 def entity_path(e: ev.EntityPath) -> str:
-    """The ground-truth spelling of an event entity ("node-0003/mlx5_2/1", "leaf-u0-r2/Ethernet3")."""
-    if e.job:
-        return f"job/{e.job}/rank/{e.rank}" if e.rank else f"job/{e.job}"
-    if e.switch:
-        return "/".join(p for p in (e.switch, e.port) if p)
-    return "/".join(p for p in (e.node, e.device, e.port) if p)
+    """An event entity as the ground truth names it ("node-0003/mlx5_2/1", "leaf-u0-r2/Ethernet3",
+    "job=j/rank=3"): its `EntityRef.local_path`, without a switch queue (the truth names the port)."""
+    ref = entity_ref(e)
+    if ref.switch and not ref.job:
+        ref = replace(ref, device="")
+    return ref.local_path()
 
 
 def detection_from_event(event: ev.AnomalyEvent) -> Detection | None:
@@ -170,7 +174,7 @@ class Match:
 
 def _node_of(path: str) -> str:
     head = path.split("/", 1)[0]
-    return head if head and not head.startswith(("leaf", "spine", "job")) else ""
+    return head if head and not head.startswith(("leaf", "spine", JOB_KEY)) else ""
 
 
 @dataclass(frozen=True)
@@ -198,13 +202,13 @@ def _truths(gts: list[GroundTruth], interval_s: float, end_ns: int) -> list[_Tru
         sources = {gt.entity}
         if cls in _LINK_CLASSES:
             sources.update(gt.related)
-        if cls == "hang":                 # a job held up by two ranks at once (a two-port storm): either
+        if cls == HANG:                 # a job held up by two ranks at once (a two-port storm): either
             sources.update(gt.detail.get("culprits", ()))
         job = rank = ""
         node = str(gt.detail.get("node", "")) if gt.detail else ""
-        if gt.entity.startswith("job/"):
-            parts = gt.entity.split("/")
-            job, rank = parts[1], (parts[3] if len(parts) > 3 else "")
+        if gt.entity.startswith(JOB_KEY):
+            ref = EntityRef.parse(gt.entity)
+            job, rank = ref.job, ref.rank
         paths = (gt.entity, *gt.related, *gt.victims)
         nodes = {n for n in (_node_of(p) for p in paths) if n}
         if node:
@@ -215,7 +219,7 @@ def _truths(gts: list[GroundTruth], interval_s: float, end_ns: int) -> list[_Tru
 
 
 def _is_source(t: _Truth, d: Detection) -> bool:
-    if t.cls == "straggler":
+    if t.cls == STRAGGLER:
         if not (d.job == t.job and d.rank == t.rank):
             return False
         return not d.node or not t.node or d.node == t.node
@@ -225,12 +229,12 @@ def _is_source(t: _Truth, d: Detection) -> bool:
 def _explains(t: _Truth, d: Detection, cls: str, job_nodes: Mapping[str, tuple[str, ...]]) -> bool:
     if not t.gt.expect_alert or t.cls is None:
         return False
-    if t.cls == "gpu_xid" and cls == "gpu_ecc_uncorrectable":
+    if t.cls == GPU_XID and cls == GPU_ECC_UNCORRECTABLE:
         return d.entity == t.gt.entity and int(t.gt.detail.get("code", 0)) in UNCORRECTABLE_ECC_XIDS
     if cls not in CONSEQUENCES.get(t.cls, ()):
         return False
     node = d.node or _node_of(d.entity)
-    if cls == "hang" and d.job in job_nodes:
+    if cls == HANG and d.job in job_nodes:
         # a fault that stalls one node stalls its whole job's collective: when every rank is
         # stuck alike the detector names one of them, not necessarily the fault's node
         return any(n in t.footprint_nodes for n in job_nodes[d.job])

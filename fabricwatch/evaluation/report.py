@@ -21,6 +21,8 @@ from fabricwatch.machine import cpu_model, usable_cpus
 from fabricwatch.models.ecmp_imbalance import OPEN_WINDOWS, WINDOW_S
 from fabricwatch.models.link_down import LINK_DOWN_HOLD_S
 from fabricwatch.models.pfc_deadlock import DEADLOCK_HOLD_MS
+from fabricwatch.models.vocabulary import (ECMP_IMBALANCE, HANG, LINK_DOWN, LINK_DOWNGRADE, PCIE_DOWNGRADE,
+                                           PFC_DEADLOCK, PFC_STORM, STRAGGLER)
 from fabricwatch.streams.replay import WINDOW_S as REPLAY_WINDOW_S
 
 from .baselines import HST_THRESHOLD, SCORE_BINS
@@ -87,7 +89,7 @@ def _class_rows(scores: Scores, c: str, detectors) -> list[str]:
     rows = []
     for d in detectors:
         s = scores.classes[d].get(c, ClassScore())
-        if c == "straggler" and s.delay_steps:
+        if c == STRAGGLER and s.delay_steps:
             steps = f"{_pct(s.delay_steps, 50):.0f} / {_pct(s.delay_steps, 95):.0f} steps"
         else:
             steps = ""
@@ -109,31 +111,31 @@ def _targets(scores: Scores) -> list[tuple[str, str, bool | str | None]]:
         ok = None if s.f1 is None else (s.f1 >= TARGET_F1 and (s.precision or 0) >= TARGET_PRECISION)
         out.append((f"{c}: F1 >= {TARGET_F1} and precision >= {TARGET_PRECISION}",
                     f"F1 {_f(s.f1)}, precision {_f(s.precision)}, recall {_f(s.recall)}", ok))
-    s = fw.get("pfc_storm", ClassScore())
+    s = fw.get(PFC_STORM, ClassScore())
     n, k = len(s.within_bound), sum(s.within_bound)
     out.append((f"PFC storm flagged within T_detect ({T_DETECT_S * 1000:.0f} ms) + one sampling interval (100 ms)",
                 f"{k}/{n} detected NIC-sourced storms (0.1 s suites) within 300 ms" if n
                 else "no detected storm at 0.1 s",
                 (k == n) if n else None))
-    for c, label in (("link_downgrade", "Link downgrade"), ("pcie_downgrade", "PCIe downgrade")):
+    for c, label in ((LINK_DOWNGRADE, "Link downgrade"), (PCIE_DOWNGRADE, "PCIe downgrade")):
         s = fw.get(c, ClassScore())
         n, k = len(s.within_bound), sum(s.within_bound)
         out.append((f"{label} flagged within one sample", f"{k}/{n} detected within one sampling interval"
                     if n else "none detected", (k == n) if n else None))
-    s = fw.get("link_down", ClassScore())
+    s = fw.get(LINK_DOWN, ClassScore())
     n, k = len(s.within_bound), sum(s.within_bound)
     out.append((f"Link down flagged within its hold ({LINK_DOWN_HOLD_S:g} s) + two samples",
                 f"{k}/{n} detected within the bound" if n else "none detected", (k == n) if n else None))
     for c, label, bound in (
-            ("ecmp_imbalance", "ECMP imbalance flagged within its persistence",
+            (ECMP_IMBALANCE, "ECMP imbalance flagged within its persistence",
              f"{OPEN_WINDOWS} x {WINDOW_S:g} s windows + one window + one sample"),
-            ("pfc_deadlock", "PFC deadlock flagged within its hold",
+            (PFC_DEADLOCK, "PFC deadlock flagged within its hold",
              f"T_detect + {DEADLOCK_HOLD_MS / 1e3:g} s + one replay window ({REPLAY_WINDOW_S:g} s) + one sample")):
         s = fw.get(c, ClassScore())
         n, k = len(s.within_bound), sum(s.within_bound)
         out.append((f"{label} ({bound})", f"{k}/{n} detected within the bound" if n else "none detected",
                     (k == n) if n else None))
-    s = fw.get("straggler", ClassScore())
+    s = fw.get(STRAGGLER, ClassScore())
     n, k = len(s.within_bound), sum(s.within_bound)
     worst = max(s.delay_steps) if s.delay_steps else None
     out.append(("Straggler named within 3 steps", f"{k}/{n} named within 3 steps of the onset"
@@ -143,7 +145,7 @@ def _targets(scores: Scores) -> list[tuple[str, str, bool | str | None]]:
     out.append((f"Straggler probable cause correct >= {TARGET_CAUSE_ACCURACY:g}",
                 f"{ok_n}/{cases} injected stragglers = {_f(accuracy)}" if cases else "no straggler injected",
                 None if accuracy is None else accuracy >= TARGET_CAUSE_ACCURACY))
-    s = fw.get("hang", ClassScore())
+    s = fw.get(HANG, ClassScore())
     n, k = len(s.within_bound), sum(s.within_bound)
     out.append((f"Hang culprit named within {TARGET_HANG_S:g} s of the hang",
                 f"{k}/{n} named within {TARGET_HANG_S:g} s (p95 {_delay(s.delays_s, 95)})" if n else "none named",
@@ -328,7 +330,7 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
                 n = sum(kinds.values())
                 cells.append(str(n) + (f" ({', '.join(f'{k} {v}' for k, v in kinds.most_common())})" if n else ""))
             what = gt.kind + (f" {gt.entity}" if gt.entity else "")
-            if gt.kind == "pfc_storm":
+            if gt.kind == PFC_STORM:
                 dur = ((gt.offset_unix_ns or r.end_ns) - gt.onset_unix_ns) / 1e6
                 what += f" ({dur:.0f} ms)"
             add(f"| {r.scenario.name} | {what} | " + " | ".join(cells) + " |")
@@ -433,7 +435,7 @@ def write_markdown(path: Path, runs: list[ScenarioRun], scores: Scores, cfg: Sui
 
 def _notes(runs, scores: Scores, cfg: SuiteConfig, kinds_seen: Counter, detectors) -> list[str]:
     notes = []
-    missing = [k for k in ("pfc_storm", "straggler") if k not in kinds_seen]
+    missing = [k for k in (PFC_STORM, STRAGGLER) if k not in kinds_seen]
     if missing:
         notes.append("fabricwatch emitted no " + " / ".join(f"`{k}`" for k in missing) + " event in this run: "
                      "those classes score recall 0 until the detector is wired into `DetectionPipeline`.")

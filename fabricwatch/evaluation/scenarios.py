@@ -27,6 +27,9 @@ from fabricwatch.simulator.encoding import Cadence
 from fabricwatch.simulator.timeline import DEFAULT_START_UNIX_NS
 from fabricwatch.simulator.workload import Job, auto_jobs
 from fabricwatch.models.topology import Topology, rail_optimised
+from fabricwatch.models.vocabulary import (ECMP_IMBALANCE, ECN_PFC_MISORDER, GPU_ECC_UNCORRECTABLE, GPU_XID, HANG, LINK_DOWN,
+                                           LINK_DOWNGRADE, LINK_FLAP, LOSSLESS_DROP, PCIE_DOWNGRADE, PFC_DEADLOCK,
+                                           PFC_STORM, STRAGGLER)
 
 __all__ = ["Scenario", "SuiteConfig", "expected_case_counts", "fault_class", "T_DETECT_S", "FAULT_CLASSES"]
 
@@ -35,25 +38,25 @@ GPUS = 8
 
 # Ground-truth kind -> the fault class it is scored under.
 _CLASS_OF_GT_KIND = {
-    "link_downgrade": "link_downgrade",
-    "nic_pcie_downgrade": "pcie_downgrade",
-    "gpu_pcie_downgrade": "pcie_downgrade",
-    "link_flap": "link_flap",
-    "pfc_storm": "pfc_storm",
-    "straggler": "straggler",
-    "gpu_xid": "gpu_xid",
-    "ecc_uncorrectable": "gpu_ecc_uncorrectable",
-    "link_down": "link_down",
-    "ecmp_imbalance": "ecmp_imbalance",
-    "pfc_deadlock": "pfc_deadlock",
-    "ecn_pfc_misorder": "ecn_pfc_misorder",
-    "lossless_drop": "lossless_drop",
-    "hang": "hang",
+    "link_downgrade": LINK_DOWNGRADE,
+    "nic_pcie_downgrade": PCIE_DOWNGRADE,
+    "gpu_pcie_downgrade": PCIE_DOWNGRADE,
+    "link_flap": LINK_FLAP,
+    "pfc_storm": PFC_STORM,
+    "straggler": STRAGGLER,
+    "gpu_xid": GPU_XID,
+    "ecc_uncorrectable": GPU_ECC_UNCORRECTABLE,
+    "link_down": LINK_DOWN,
+    "ecmp_imbalance": ECMP_IMBALANCE,
+    "pfc_deadlock": PFC_DEADLOCK,
+    "ecn_pfc_misorder": ECN_PFC_MISORDER,
+    "lossless_drop": LOSSLESS_DROP,
+    "hang": HANG,
 }
-FAULT_CLASSES = ("link_downgrade", "pcie_downgrade", "link_flap", "pfc_storm", "straggler", "gpu_xid",
-                 "gpu_ecc_uncorrectable", "link_down", "ecmp_imbalance", "pfc_deadlock")
-FAULT_CLASSES += ("ecn_pfc_misorder", "lossless_drop")       # congestion tuning (issue 15)
-FAULT_CLASSES += ("hang",)
+FAULT_CLASSES = (LINK_DOWNGRADE, PCIE_DOWNGRADE, LINK_FLAP, PFC_STORM, STRAGGLER, GPU_XID,
+                 GPU_ECC_UNCORRECTABLE, LINK_DOWN, ECMP_IMBALANCE, PFC_DEADLOCK)
+FAULT_CLASSES += (ECN_PFC_MISORDER, LOSSLESS_DROP)       # congestion tuning (issue 15)
+FAULT_CLASSES += (HANG,)
 
 DOWNGRADE_RATES = ("200 Gb/sec (4X HDR)", "100 Gb/sec (4X EDR)", "400 Gb/sec (8X HDR)", "200 Gb/sec (2X NDR)")
 # Hardware and firmware XIDs of NVIDIA's catalog (`fabricwatch.xid`): the gpu_xid cases.

@@ -13,9 +13,12 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from fabricwatch.models.ecmp_imbalance import OPEN_WINDOWS, WINDOW_S
+from fabricwatch.models.findings import EntityRef
 from fabricwatch.models.impact import projected_gpu_hours
 from fabricwatch.models.link_down import LINK_DOWN_HOLD_S
 from fabricwatch.models.pfc_deadlock import DEADLOCK_HOLD_MS
+from fabricwatch.models.vocabulary import (ECMP_IMBALANCE, HANG, LINK_DOWN, LINK_DOWNGRADE, PCIE_DOWNGRADE,
+                                           PFC_DEADLOCK, PFC_STORM, STRAGGLER)
 from fabricwatch.streams.replay import WINDOW_S as REPLAY_WINDOW_S
 
 from .impact import ranking
@@ -100,17 +103,17 @@ def _steps_between(run: ScenarioRun, job: str, onset_ns: int, detected_ns: int) 
 
 def _bound_s(cls: str, interval_s: float) -> float | None:
     """The delay target of a class, in seconds, where it is one (else None)."""
-    if cls == "pfc_storm":
+    if cls == PFC_STORM:
         return T_DETECT_S + interval_s if interval_s < T_DETECT_S else None   # judged on 0.1 s sampling only
-    if cls in ("link_downgrade", "pcie_downgrade"):
+    if cls in (LINK_DOWNGRADE, PCIE_DOWNGRADE):
         return interval_s
-    if cls == "link_down":
+    if cls == LINK_DOWN:
         return LINK_DOWN_HOLD_S + 2 * interval_s      # the hold, then a sample or two
-    if cls == "ecmp_imbalance":
+    if cls == ECMP_IMBALANCE:
         return (OPEN_WINDOWS + 1) * WINDOW_S + interval_s   # the persistence, a window of alignment, a sample
-    if cls == "pfc_deadlock":                         # the watchdogs' detection, the hold, the watermark's step
+    if cls == PFC_DEADLOCK:                         # the watchdogs' detection, the hold, the watermark's step
         return T_DETECT_S + DEADLOCK_HOLD_MS / 1e3 + REPLAY_WINDOW_S + interval_s
-    if cls == "hang":
+    if cls == HANG:
         return TARGET_HANG_S
     return None
 
@@ -139,14 +142,14 @@ def score(runs: list[ScenarioRun], detectors: tuple[str, ...] = DETECTORS) -> Sc
                 c = cs[tp.cls]
                 c.tp += 1
                 c.delays_s.append(tp.delay_ns / 1e9)
-                if tp.cls == "straggler":
-                    job = tp.entity.split("/")[1]
+                if tp.cls == STRAGGLER:
+                    job = EntityRef.parse(tp.entity).job
                     n = _steps_between(run, job, tp.onset_ns, tp.detected_ns)
                     if n is not None:
                         c.delay_steps.append(n)
                         c.within_bound.append(n <= TARGET_STRAGGLER_STEPS)
                 else:
-                    bound = _bound_s(tp.cls, sc.tick_s if tp.cls == "pfc_storm" else sc.interval_s)
+                    bound = _bound_s(tp.cls, sc.tick_s if tp.cls == PFC_STORM else sc.interval_s)
                     if (tp.detail or {}).get("switch_source"):
                         bound = None       # a switch-port root waits the locator's grace (ORPHAN_GRACE_MS)
                     if bound is not None:
@@ -161,7 +164,7 @@ def score(runs: list[ScenarioRun], detectors: tuple[str, ...] = DETECTORS) -> Sc
             for ex, _ in m.explained:
                 cs[ex.kind].explained += 1
     causes, confusion = _straggler_causes(runs, matches)
-    roots, root_confusion = _named_causes(runs, matches, "hang", "root", {})
+    roots, root_confusion = _named_causes(runs, matches, HANG, "root", {})
     return Scores({d: dict(v) for d, v in classes.items()}, matches, nh, healthy_fp, dict(nh_by_iv), causes, confusion,
                   _impact_ranking(runs, matches) if FABRICWATCH in detectors else {}, roots, root_confusion)
 
@@ -187,7 +190,7 @@ def _impact_ranking(runs: list[ScenarioRun], matches: dict) -> dict[str, dict]:
 
 def _straggler_causes(runs: list[ScenarioRun], matches: dict) -> tuple[dict[str, Counter], Counter]:
     """Per true cause of the injected stragglers: how many, how many named, how many with that cause."""
-    return _named_causes(runs, matches, "straggler", "cause", STRAGGLER_CAUSE_CODE)
+    return _named_causes(runs, matches, STRAGGLER, "cause", STRAGGLER_CAUSE_CODE)
 
 
 def _named_causes(runs: list[ScenarioRun], matches: dict, cls: str, key: str,
