@@ -5,6 +5,11 @@ Exponential with jitter: the n-th wait is drawn from [0.5, 1) times ``initial_s 
 (capped at ``max_s`` from the second on), so that a fleet of collectors cut off together does not redial in
 lockstep; `reset` after a stream that worked starts over from ``initial_s``.
 
+Not tenacity: its retrying wraps one call until it succeeds, while these are loops that
+run for days and start over after each stream that worked; its jittered waits are drawn
+from [0, step) or step + [0, jitter), not [0.5, 1) times the step; and the collectors,
+installed on every node, would carry one more dependency for these lines.
+
 >>> import random
 >>> backoff = Backoff(0.5, 2.0, uniform=lambda a, b: b)      # the top of each range
 >>> [backoff.next_s() for _ in range(4)]

@@ -6,6 +6,15 @@ as the plain ``content-type`` header, and the value stays the serialized protobu
 existing readers of the value are unaffected. :func:`parse` reads binary mode and, from
 other producers, structured mode (``content-type: application/cloudevents+json``).
 
+Why not the official SDK (``cloudevents`` 2.2, tried for this): its v1.0 event takes
+``time`` only as a ``datetime``, so it would write microseconds where our records carry the
+detection time to the nanosecond; its older ``cloudevents.v1.kafka`` API drops the
+``ce_partitionkey`` header. Reading, it maps headers through a dict (a repeated header goes
+unnoticed), returns protobuf data as ``str`` when the bytes happen to be UTF-8, and raises
+its own errors where :class:`CloudEventError` names the header at fault. The binding here is
+the spec's Kafka binary mode and no more; tests/test_cloudevents.py has the SDK read what we
+write and we read what it writes, so interop is checked by the library itself.
+
 =================  ===========================================================  ==========================
 attribute          anomaly                                                      decision (action / audit)
 =================  ===========================================================  ==========================

@@ -2,8 +2,12 @@
 import base64
 import json
 import time
+from datetime import datetime, timezone
 
 import pytest
+from cloudevents.core.bindings import kafka as sdk_kafka
+from cloudevents.core.formats.json import JSONFormat
+from cloudevents.core.v1.event import CloudEvent as SdkCloudEvent
 from google.protobuf import json_format
 from helpers import nic_snapshot, telemetry_value
 
@@ -179,3 +183,45 @@ def test_worker_handlers_attach_the_headers_to_every_anomaly():
         assert parsed.subject == "c1/node-0042/mlx5_5/1"
         assert record.key == parsed.message.dedup_key.encode()
     assert parse(records[0].headers, None, records[0].value).time_unix_ns == t0 + 2 * S
+
+
+# ---------------------------------------------------------------------- interop, checked by the official SDK
+# The SDK (cloudevents 2.x, its `core` API) is the independent reader and writer here: what
+# we write it must read back as our event, and what it writes we must read. Its `time` is a
+# datetime, so it carries microseconds where we carry nanoseconds.
+def _sdk_time(unix_ns: int) -> datetime:
+    return datetime.fromtimestamp(unix_ns // S, timezone.utc).replace(microsecond=unix_ns % S // 1000)
+
+
+@pytest.mark.parametrize("message,headers_of", [
+    (anomaly(), anomaly_headers),
+    (decision(), lambda d: decision_headers(d, "action")),
+    (decision(outcome=ev.OUTCOME_STARTED), lambda d: decision_headers(d, "audit")),
+])
+def test_the_cloudevents_sdk_reads_our_binary_records(message, headers_of):
+    headers = headers_of(message)
+    ours = {name[3:]: value.decode() for name, value in headers if name.startswith("ce_")}
+    key = entity_key(ours["partitionkey"])
+    event = sdk_kafka.from_binary(sdk_kafka.KafkaMessage(dict(headers), key, message.SerializeToString()),
+                                  JSONFormat())
+    assert event.get_specversion() == "1.0"
+    assert event.get_attributes() == ours | {"time": _sdk_time(T_NS), "datacontenttype": "application/protobuf"}
+    data = event.get_data()
+    # The SDK hands non-JSON data back as text when it happens to decode as UTF-8.
+    assert type(message).FromString(data if isinstance(data, bytes) else data.encode()) == message
+
+
+@pytest.mark.parametrize("mode", ["binary", "structured"])
+def test_we_read_what_the_cloudevents_sdk_writes(mode):
+    message = anomaly()
+    attributes = {name[3:]: value.decode() for name, value in anomaly_headers(message) if name.startswith("ce_")}
+    event = SdkCloudEvent(attributes | {"time": _sdk_time(T_NS), "datacontenttype": "application/protobuf"},
+                          message.SerializeToString())
+    write = sdk_kafka.to_binary if mode == "binary" else sdk_kafka.to_structured
+    record = write(event, JSONFormat())
+    parsed = parse(list(record.headers.items()), record.key, record.value)
+    assert parsed.message == message
+    assert (parsed.id, parsed.type, parsed.subject) == ("3f2a", "io.fabricwatch.anomaly.v1.pfc_storm.open",
+                                                        "c1/node-0007/mlx5_3/1")
+    assert parsed.time_unix_ns == T_NS // 1000 * 1000
+    assert record.key == entity_key("c1/node-0007/mlx5_3/1").decode()     # the SDK keys by partitionkey

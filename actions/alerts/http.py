@@ -7,6 +7,12 @@ would pass ``total_budget_s``. A `RateLimiter` (one or more token buckets) space
 requests of one sink so that a burst of anomalies does not get the webhook blocked.
 Sinks whose API answers HTTP 200 with an error code in the body (Feishu, WeCom) pass a
 ``judge`` that reads the body.
+
+The retry loop is ours, not tenacity's: rewritten on ``tenacity.AsyncRetrying`` it passed
+the same tests, but every part of the policy became a custom callback (the wait is
+``max(backoff, Retry-After)`` drawn from the poster's ``rng``, the stop is our ``clock``
+against the budget with its own reason, a slot the limiter refuses is no attempt), so the
+library kept only the loop itself, and the change added 36 lines for 15 removed.
 """
 from __future__ import annotations
 
