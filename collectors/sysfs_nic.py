@@ -281,8 +281,8 @@ class NicReader:
     >>> import os
     >>> here = os.path.dirname(os.path.abspath(__file__))
     >>> tree = os.path.join(here, "..", "tests", "fixtures", "sysfs", "roce_cx7")
-    >>> reader = NicReader(tree)
-    >>> [row] = [r for r in reader.sample() if r.entity_id == "mlx5_0/1"]
+    >>> with NicReader(tree) as reader:      # keeps ~500 descriptors open until closed
+    ...     [row] = [r for r in reader.sample() if r.entity_id == "mlx5_0/1"]
     >>> row.labels["rate"], row.labels["netdev"], row.gauges["netdev_speed_mbps"], row.gauges["pcie_gen_current"]
     ('400 Gb/sec (4X NDR)', 'enp24s0np0', 400000.0, 5.0)
     """
@@ -438,6 +438,12 @@ class NicReader:
     def close(self) -> None:
         """Close the kept descriptors (they are reopened on the next sample)."""
         self.files.close_all()
+
+    def __enter__(self) -> NicReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def _pcie(self, port: PortInfo) -> dict[str, float]:
         out = {"pcie_width_current": NAN, "pcie_width_max": NAN, "pcie_gen_current": NAN, "pcie_gen_max": NAN}

@@ -114,3 +114,62 @@ def alertmanager_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield started.stdout.strip()
     finally:
         subprocess.run([str(script), "stop", str(state_dir), port], capture_output=True, timeout=30)
+
+
+# Tests on these real services take seconds each (and the first starts the service): they
+# are `slow` by nature, so that `-m "not slow and not kafka"` never starts one.
+_SLOW_SERVICES = {"slurm_conf", "alertmanager_url"}
+
+
+@pytest.hookimpl(tryfirst=True)       # before `-m` deselects
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _SLOW_SERVICES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+# ---------------------------------------------------------------------- leaked file descriptors
+# Sockets, pipes and files that tests (or the code under test) forget to close pile up over a
+# session; the ResourceWarnings (errors, see pyproject) catch most, this catches the rest,
+# e.g. a gRPC channel or a child's pipe still referenced at the end. Linux only (/proc).
+_FD_DIR = Path("/proc/self/fd")
+FD_GROWTH_LIMIT = 64       # generous: a session-scoped broker client or a cached loop may stay open
+_fds_at_start: int | None = None
+_fds_peak = 0
+_fd_growth_key = pytest.StashKey[int]()
+
+
+def _open_fds() -> int | None:
+    return len(os.listdir(_FD_DIR)) if _FD_DIR.is_dir() else None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _fds_at_start
+    _fds_at_start = _open_fds()
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
+    global _fds_peak
+    if _fds_at_start is not None:
+        _fds_peak = max(_fds_peak, _open_fds() or 0)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    import gc
+
+    if _fds_at_start is None:
+        return
+    gc.collect()                    # count only what is still referenced, not garbage awaiting collection
+    grown = (_open_fds() or 0) - _fds_at_start
+    session.config.stash[_fd_growth_key] = grown
+    if grown > FD_GROWTH_LIMIT and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    grown = config.stash.get(_fd_growth_key, None)
+    if grown is None or not _fds_peak:      # --collect-only: nothing ran
+        return
+    verdict = "FAILED: more than " + str(FD_GROWTH_LIMIT) if grown > FD_GROWTH_LIMIT else "ok"
+    terminalreporter.write_line(f"open file descriptors: {_fds_at_start} at start, {_fds_at_start + grown} "
+                                f"at the end ({verdict}), at most {_fds_peak} after a test")

@@ -99,6 +99,23 @@ def telemetry_value(*snaps) -> bytes:
     return pack(snaps).SerializeToString()
 
 
+class FakeTime:
+    """A clock to inject (``clock=fake``) and its asyncio-style sleep (``sleep=fake.sleep``):
+    sleeping moves the clock on at once and is recorded, so timing logic is tested exactly
+    and without waiting."""
+
+    def __init__(self, start_s: float = 1000.0) -> None:
+        self.now_s = start_s
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now_s += seconds
+
+
 def free_port() -> int:
     import socket
 

@@ -59,10 +59,10 @@ def sh(argv: list[str], conf: str) -> str:
 
 
 def start_responder(tmp_path: Path, bootstrap: str, policy: Path, group: str) -> subprocess.Popen:
-    log = open(tmp_path / f"{group}.log", "ab")
-    return subprocess.Popen([sys.executable, "-m", "fabricwatch.cli", "respond", "--broker", bootstrap,
-                             "--policy", str(policy), "--group-id", group],
-                            stdout=log, stderr=subprocess.STDOUT)
+    with open(tmp_path / f"{group}.log", "ab") as log:        # the child keeps its own copy
+        return subprocess.Popen([sys.executable, "-m", "fabricwatch.cli", "respond", "--broker", bootstrap,
+                                 "--policy", str(policy), "--group-id", group],
+                                stdout=log, stderr=subprocess.STDOUT)
 
 
 async def audit_of(bootstrap: str, cluster: str, want, timeout_s: float) -> list[tuple[dict, ev.ActionDecision]]:
@@ -166,6 +166,7 @@ async def run_scenario(mode, kafka_bootstrap, tmp_path, unused_tcp_port, slurm_c
         if mode == "shadow":
             responder.terminate()
             worker.terminate()
+            responder.wait(30)
             worker.wait(30)
 
 
@@ -216,6 +217,7 @@ async def test_execute_mode_drains_requeues_alerts_and_publishes(kafka_bootstrap
     finally:
         responder.kill()
         worker.terminate()
+        responder.wait(30)
         worker.wait(30)
 
 

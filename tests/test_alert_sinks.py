@@ -23,7 +23,7 @@ from fabricwatch.actions.alerts.pagerduty import PagerDutySink, pd_event
 from fabricwatch.actions.alerts.slack import SlackSink, slack_message
 from fabricwatch.actions.alerts.wecom import WeComSink, wecom_message
 from fabricwatch.protos.v1 import events_pb2 as pb
-from helpers import free_port
+from helpers import FakeTime, free_port
 
 ONSET_NS = 1_764_504_005_123_000_000      # 2025-11-30T12:00:05.123Z
 DETECTED_NS = ONSET_NS + 3_000_000_000
@@ -272,14 +272,14 @@ async def test_retries_5xx_then_succeeds_with_the_same_body():
 
 
 async def test_429_honours_retry_after():
+    fake = FakeTime()
     async with fake_endpoint() as ep:
         url = ep.script("/slack", (429, "rate_limited", {"Retry-After": "1"}, 0), (200, "ok", {}, 0))
-        sink = SlackSink(url, policy=FAST)
+        sink = SlackSink(url, policy=FAST, clock=fake, sleep=fake.sleep)
         result = await sink.send(storm_alert())
         await sink.close()
-    (_, _, t1), (_, _, t2) = ep.hits("/slack")
-    assert result.ok and result.attempts == 2
-    assert t2 - t1 >= 1.0                      # backoff alone would have waited <= 0.05 s
+    assert result.ok and result.attempts == 2 and len(ep.hits("/slack")) == 2
+    assert fake.slept == [1.0]                 # backoff alone would have waited <= 0.05 s
 
 
 async def test_other_4xx_is_not_retried_and_the_body_is_reported():
@@ -294,12 +294,12 @@ async def test_other_4xx_is_not_retried_and_the_body_is_reported():
 
 async def test_connection_refused_is_retried_then_reported_never_raised():
     policy = RetryPolicy(timeout_s=1.0, max_attempts=3, backoff_initial_s=0.05, backoff_max_s=0.1, total_budget_s=5)
-    poster = JsonPoster("test", policy)
-    t0 = time.monotonic()
+    fake = FakeTime()
+    poster = JsonPoster("test", policy, clock=fake, sleep=fake.sleep)
     result = await poster.post(f"http://127.0.0.1:{free_port()}/hook", {"a": 1})
-    elapsed_s = time.monotonic() - t0
     assert not result.ok and result.attempts == 3 and "connection error" in result.detail
-    assert elapsed_s < 2.0
+    # backoff between the attempts: half fixed, half jitter, of 0.05 s then 0.1 s (backoff_max_s)
+    assert len(fake.slept) == 2 and 0.025 <= fake.slept[0] <= 0.05 and 0.05 <= fake.slept[1] <= 0.1, fake.slept
     bad = [await poster.post("http://127.0.0.1:99999/x", {"a": 1}), await poster.post("nota url", {"a": 1}),
            await poster.post("http://127.0.0.1:1/x", {"a": object()})]
     await poster.close()
@@ -317,27 +317,26 @@ async def test_timeouts_and_the_total_budget_bound_the_time():
         timed_out_s = time.monotonic() - t0
         # Retry-After beyond the budget: give up now rather than overrun it
         far = ep.script("/far", (503, "down", {"Retry-After": "30"}, 0))
-        poster_2s = JsonPoster("test", RetryPolicy(max_attempts=5, total_budget_s=2.0))
-        t0 = time.monotonic()
+        fake = FakeTime()
+        poster_2s = JsonPoster("test", RetryPolicy(max_attempts=5, total_budget_s=2.0), clock=fake, sleep=fake.sleep)
         gave_up = await poster_2s.post(far, {"a": 1})
-        gave_up_s = time.monotonic() - t0
         await poster.close()
         await poster_2s.close()
-    assert not result.ok and result.attempts == 2 and "timeout" in result.detail and timed_out_s < 1.5
-    assert not gave_up.ok and gave_up.attempts == 1 and "budget" in gave_up.detail and gave_up_s < 1.0
+    # real aiohttp timeouts: two answered attempts would take >= 2 s (the endpoint answers after 1 s)
+    assert not result.ok and result.attempts == 2 and "timeout after 0.3 s" in result.detail and timed_out_s < 1.9
+    assert not gave_up.ok and gave_up.attempts == 1 and "budget" in gave_up.detail and fake.slept == []
 
 
 async def test_slack_rate_limit_spaces_requests_after_the_burst():
+    fake = FakeTime()
     async with fake_endpoint() as ep:
         url = ep.script("/slack", (200, "ok", {}, 0))
-        sink = SlackSink(url, policy=FAST, burst=2, per_second=5.0)
+        sink = SlackSink(url, policy=FAST, burst=2, per_second=5.0, clock=fake, sleep=fake.sleep)
         results = await asyncio.gather(*(sink.send(storm_alert(dedup_key=f"k{i}")) for i in range(6)))
         await sink.close()
-    assert all(r.ok for r in results)
-    times = sorted(t for _, _, t in ep.hits("/slack"))
-    assert times[1] - times[0] < 0.15                         # the burst of 2 goes at once
-    gaps = [b - a for a, b in zip(times[1:], times[2:])]
-    assert min(gaps) >= 0.15 and times[-1] - times[0] >= 0.75  # then 5/s: 4 waits of 0.2 s
+    assert all(r.ok for r in results) and len(ep.hits("/slack")) == 6
+    # the burst of 2 goes at once, then 5/s: 4 waits of 0.2 s (and no retry waits)
+    assert fake.slept == pytest.approx([0.2] * 4)
 
 
 def _feishu_server_check(secret: str):
@@ -360,12 +359,12 @@ async def test_feishu_signature_and_body_code():
         good = FeishuSink(signed, secret="s3cret", policy=FAST)
         wrong = FeishuSink(signed, secret="other", policy=FAST)
         ok, bad_sign = await good.send(storm_alert()), await wrong.send(storm_alert())
-        rejected = await FeishuSink(ep.script("/feishu/bad", (200, {"code": 9499, "msg": "Bad Request"}, {}, 0)),
-                                    policy=FAST).send(storm_alert())
-        limited = ep.script("/feishu/limited", (200, {"code": 11232, "msg": "frequency limited"}, {}, 0),
-                            (200, {"code": 0, "msg": "success"}, {}, 0))
-        recovered = await FeishuSink(limited, msg_type="text", policy=FAST).send(storm_alert())
-        for sink in (good, wrong):
+        bad = FeishuSink(ep.script("/feishu/bad", (200, {"code": 9499, "msg": "Bad Request"}, {}, 0)), policy=FAST)
+        rejected = await bad.send(storm_alert())
+        limited = FeishuSink(ep.script("/feishu/limited", (200, {"code": 11232, "msg": "frequency limited"}, {}, 0),
+                                       (200, {"code": 0, "msg": "success"}, {}, 0)), msg_type="text", policy=FAST)
+        recovered = await limited.send(storm_alert())
+        for sink in (good, wrong, bad, limited):
             await sink.close()
     assert ok.ok and ok.attempts == 1, ok
     sent = ep.hits("/feishu/signed")[0][1]

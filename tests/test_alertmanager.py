@@ -61,7 +61,7 @@ async def test_fired_alert_reads_back_with_its_labels_and_annotations(alertmanag
     send_s = time.monotonic() - t0
     await sink.close()
     assert result.ok and result.attempts == 1, result
-    assert send_s < 1.0
+    assert send_s < 5.0                         # a real Alertmanager on loopback: one quick POST
     (got,) = await alerts_of(alertmanager_url, cluster)
     assert got["labels"] == am_labels(alert) == {
         "alertname": "PFCStorm", "cluster": cluster, "node": "node-0003", "severity": "critical",

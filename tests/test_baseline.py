@@ -240,6 +240,7 @@ def test_learn_without_score_matches_score_then_learn():
     assert run(model, values[1000:]) == ref[1000:]
 
 
+@pytest.mark.slow
 def test_bounded_memory_after_100k_samples():
     rng = random.Random(14)
     model = NoveltyAlarm()

@@ -31,6 +31,7 @@ def externals(p: DetectionPipeline) -> dict:
     return {"topology": p.topology, "facts": p.facts, "nominal": p.facts.nominal, "health": p.facts.health}
 
 
+@pytest.mark.slow
 def test_a_stage_moved_mid_storm_neither_reopens_nor_loses_the_resolution():
     topo, ticks = storm_ticks()
     uninterrupted = run(DetectionPipeline(topology=topo), ticks)

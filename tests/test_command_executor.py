@@ -166,6 +166,7 @@ async def test_exit_codes_failed_and_already(recorder, monkeypatch):
     assert len(calls()) == 2
 
 
+@pytest.mark.slow
 async def test_a_hanging_command_and_its_children_are_killed_at_the_timeout(tmp_path):
     pidfile = tmp_path / "child.pid"
     script = tmp_path / "hang.py"
@@ -297,6 +298,7 @@ async def test_webhook_retries_503_with_the_same_signed_body(serve):
     assert len({(body, h[SIGNATURE_HEADER], h["Idempotency-Key"]) for body, h in receiver.received}) == 1
 
 
+@pytest.mark.slow
 async def test_webhook_honours_a_retry_after_given_as_an_http_date(serve):
     """RFC 9110: Retry-After is delta-seconds or an HTTP-date; a launcher that says "after
     <date>" is not retried before it (our own backoff here would be 10 ms)."""

@@ -121,6 +121,7 @@ def test_sources_learnt_from_telemetry_expire_and_their_rows_are_reused():
     assert len(state._rates) == 50
 
 
+@pytest.mark.slow
 def test_every_api_answer_is_bounded_whatever_the_lists_hold():
     state = FabricState(limits=DashboardLimits(max_ranks_per_job=200_000, max_ranks=200_000))
     t0 = time.time_ns()

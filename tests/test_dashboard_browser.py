@@ -182,6 +182,7 @@ def test_dashboard_in_headless_chromium(kafka_bootstrap: str, tmp_path: Path) ->
                 browser.kill()
                 browser.wait()
         reader.join(timeout=10)
+        browser.stdout.close()
         output = "\n".join(lines)
         print(output)
         print(f"dashboard screenshots: {ARTIFACTS}")

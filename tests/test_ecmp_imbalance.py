@@ -135,6 +135,7 @@ def test_the_simulated_fabric_spreads_evenly_unless_a_leaf_is_polarized():
     assert other.min() > 0 and other.max() / other.mean() < 1.3
 
 
+@pytest.mark.slow
 def test_simulated_polarization_is_found_and_the_negatives_stay_silent():
     sc = _scenario([EcmpPolarization(LEAF, ("Ethernet4", "Ethernet5"), onset_s=20.0, offset_s=120.0),
                     SwitchLinkDown("leaf-u1-r6", "Ethernet5", onset_s=15.0)])

@@ -185,6 +185,7 @@ def test_full_suites_have_enough_cases_per_class():
     assert all(counts[c] >= 20 for c in FAULT_CLASSES), counts
 
 
+@pytest.mark.slow
 def test_quick_eval_writes_report_and_scores_a_clear_downgrade(tmp_path):
     from fabricwatch.evaluation.report import evaluate
     from fabricwatch.evaluation.runs import FABRICWATCH, STATIC

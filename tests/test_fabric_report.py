@@ -60,6 +60,7 @@ def test_uplink_balance_names_the_unequal_leaf_first_and_its_utilisation():
     assert balance[1].coefficient_of_variation == pytest.approx(0.0)
 
 
+@pytest.mark.slow
 def test_report_of_a_recorded_storm_names_its_source_with_plots_in_markdown_and_html(tmp_path):
     topo = rail_optimised("sim", n_nodes=8, gpus_per_node=2, nodes_per_unit=4, n_spines=2)
     storm = PfcStorm(sources=(("node-0003", "mlx5_1/1"),), onset_s=2.0, offset_s=8.0)

@@ -9,6 +9,7 @@ import math
 import os
 import time
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -75,6 +76,7 @@ def snapshots(draw):
 
 @FUZZ
 @given(snapshots())
+@pytest.mark.slow
 def test_validation_then_detection_never_crashes_on_generated_snapshots(snap):
     verdict = validate_snapshot(snap, NOW)
     assert all(reason and detail for reason, detail in verdict.problems)

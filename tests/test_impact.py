@@ -271,6 +271,7 @@ def test_truth_is_what_the_job_did_not_progress():
     assert TAIL_S > 0
 
 
+@pytest.mark.slow
 def test_eval_measures_truth_and_ranks_our_impact():
     from fabricwatch.evaluation.runs import FABRICWATCH, run_scenario
     from fabricwatch.evaluation.scoring import score

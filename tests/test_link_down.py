@@ -185,6 +185,7 @@ def simulate(faults, seconds, seed=4):
     return topo, sim, [f for f in found if f.kind in ("link_down", "link_flap")]
 
 
+@pytest.mark.slow
 def test_simulated_dead_nic_link_with_failover_names_the_pcie_sibling():
     _, sim, out = simulate([LinkDown("node-0003", "mlx5_2/1", onset_s=20.5, offset_s=100.5)], seconds=120)
     nic = "c1/node-0003/mlx5_2/1"
@@ -196,6 +197,7 @@ def test_simulated_dead_nic_link_with_failover_names_the_pcie_sibling():
     assert 50.0 <= (out[0].detected_ns - sim.start_unix_ns) / 1e9 <= 53.0
 
 
+@pytest.mark.slow
 def test_simulated_dead_nic_link_without_failover_is_critical_and_no_flap():
     _, _, out = simulate([LinkDown("node-0003", "mlx5_2/1", onset_s=20.5, offset_s=80.5, failover=False)], seconds=110)
     assert [(f.kind, f.state, f.severity) for f in out] == [("link_down", OPEN, CRITICAL),
@@ -210,6 +212,7 @@ def test_simulated_dead_uplink_opens_on_both_ends():
         ("link_down", OPEN, f"c1/{up.a_switch}/{up.a_port}"), ("link_down", OPEN, f"c1/{up.b_switch}/{up.b_port}")}
 
 
+@pytest.mark.slow
 def test_operators_reboots_and_flaps_are_not_link_down():
     topo = rail_optimised("c1", n_nodes=8, nodes_per_unit=8, n_spines=2)
     leaf = topo.nic("node-0005", "mlx5_4/1")
@@ -225,6 +228,7 @@ def test_operators_reboots_and_flaps_are_not_link_down():
         ("link_flap", "c1/node-0004/mlx5_6/1"), ("link_flap", f"c1/{flapped.switch}/{flapped.switch_port}")}
 
 
+@pytest.mark.slow
 def test_simulated_link_that_lost_codewords_before_dying_says_so():
     _, _, out = simulate([LinkDown("node-0003", "mlx5_2/1", onset_s=40.5, fec_warning_s=20.0)], seconds=80)
     opened = [f for f in out if f.state == OPEN]
@@ -252,6 +256,7 @@ def test_healthy_links_correct_codewords_and_lose_none():
     assert out == []
 
 
+@pytest.mark.slow
 def test_at_the_collectors_real_cadence_pfc_only_ticks_change_nothing():
     from fabricwatch.simulator.encoding import COLLECTOR_CADENCE
     topo = rail_optimised("c1", n_nodes=4, nodes_per_unit=4, n_spines=2)

@@ -1,4 +1,6 @@
 """Link flaps through the pipeline on simulated telemetry: flaps yes, outages and admin toggles no."""
+import pytest
+
 from fabricwatch.models.topology import rail_optimised
 from fabricwatch.simulator.cluster import ClusterSimulator
 from fabricwatch.simulator.fabric_faults import AdminToggle, LinkFlap
@@ -18,6 +20,7 @@ def flaps(faults, seconds=120, seed=4):
     return topo, out
 
 
+@pytest.mark.slow
 def test_flap_is_flagged_on_both_ends_once_the_link_is_back():
     topo, out = flaps([LinkFlap("node-0003", "mlx5_2/1", onset_s=20.5, down_s=2.0)], seconds=40)
     leaf = topo.nic("node-0003", "mlx5_2/1")
@@ -26,6 +29,7 @@ def test_flap_is_flagged_on_both_ends_once_the_link_is_back():
     assert all(22.0 <= t <= 24.0 for t in opened.values())   # after the 2 s down, within a sample
 
 
+@pytest.mark.slow
 def test_repeated_flaps_update_and_become_critical():
     _, out = flaps([LinkFlap("node-0003", "mlx5_2/1", onset_s=10.5, down_s=1.0, flaps=4, period_s=8.0)],
                    seconds=60)
@@ -34,6 +38,7 @@ def test_repeated_flaps_update_and_become_critical():
     assert [s for s, _ in nic].count("open") == 1
 
 
+@pytest.mark.slow
 def test_reboot_is_an_outage_not_a_flap():
     _, out = flaps([NodeReboot("node-0002", onset_s=10.0, down_s=60.0, restart_s=20.0)], seconds=120)
     assert out == []
@@ -46,6 +51,7 @@ def test_admin_toggle_is_not_a_flap_on_either_end():
     assert out == []
 
 
+@pytest.mark.slow
 def test_quiet_link_resolves():
     _, out = flaps([LinkFlap("node-0003", "mlx5_2/1", onset_s=5.5, down_s=1.0)], seconds=320)
     states = [s for s, path, _, _ in out if path == "c1/node-0003/mlx5_2/1"]

@@ -146,6 +146,7 @@ async def test_sender_counts_dropped_snapshots_when_full(registry):
 
 
 # ---------------------------------------------------------------------------- collectors
+@pytest.mark.slow
 async def test_node_collector_counts_samples_per_source_and_field_errors(registry, tmp_path):
     from fabricwatch.collectors.ethtool_stats import EthtoolReader, RecordedSource
     from fabricwatch.collectors.node import NodeCollector
@@ -280,6 +281,7 @@ async def _wait_for(predicate, timeout_s: float, what: str):
 
 
 @needs_prometheus
+@pytest.mark.slow
 async def test_real_prometheus_scrapes_the_gateway_counters(tmp_path, registry):
     endpoint = metrics.start_metrics_server("127.0.0.1:0", registry=registry)
     prom_port = free_port()
@@ -440,6 +442,7 @@ def test_json_formatter_writes_unserialisable_extras_as_text():
         configure_logging("INFO", "xml")
 
 
+@pytest.mark.slow
 def test_cli_simulate_serves_metrics_and_logs_json(tmp_path):
     port = free_port()
     cmd = [sys.executable, "-m", "fabricwatch.cli", "--log-format", "json", "--log-level", "INFO", "simulate",

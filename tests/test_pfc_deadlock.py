@@ -153,6 +153,7 @@ def _scenario(faults, seed=5):
     return Scenario("deadlock-test", "pfc_deadlock", seed, 8, 0.1, 25.0, tuple(faults), nodes_per_unit=4, n_spines=4)
 
 
+@pytest.mark.slow
 def test_simulated_deadlock_is_found_and_a_transient_cycle_and_a_storm_are_not():
     sc = _scenario([PfcDeadlock(LOOP, onset_s=5.0, offset_s=15.0),
                     PfcDeadlock((("leaf-u0-r3", "Ethernet6"), ("spine-2", "Ethernet3")), onset_s=16.0, offset_s=16.7),
@@ -165,6 +166,7 @@ def test_simulated_deadlock_is_found_and_a_transient_cycle_and_a_storm_are_not()
     assert [f for f in m.fps if f.cls == "pfc_deadlock"] == [] and m.fns == []
 
 
+@pytest.mark.slow
 def test_through_the_worker_handlers_and_the_wire_codec_over_three_telemetry_partitions():
     """Stage 1 on three telemetry partitions (`StageHandlers`), the pause-states records as JSON, the storm
     stage that reads the cluster's pause-states partition: the loop is found once, on the partitions' watermark."""

@@ -631,7 +631,8 @@ def test_reboot_counter_reset_does_not_alert():
     assert run.changes == [] and run.findings == []
 
 
-@pytest.mark.parametrize("seconds", [30.0, pytest.param(180.0, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("seconds", [30.0, 180.0])
+@pytest.mark.slow
 def test_healthy_noisy_cluster_with_incast_does_not_alert(seconds):
     run = simulate(seconds=seconds, n_nodes=8, nodes_per_unit=4, jobs=None, seed=5)
     assert run.max_nic_rx_duty > 0.2                        # incast pauses did happen

@@ -24,10 +24,10 @@ S = 10**9
 def start_worker(bootstrap, tmp_path: Path, app_id: str, *extra: str, cwd: Path | None = None) -> subprocess.Popen:
     ready = tmp_path / f"{app_id}.ready"
     ready.unlink(missing_ok=True)
-    log = open(tmp_path / f"{app_id}.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "fabricwatch.cli", "worker", "--broker", bootstrap,
-                             "--app-id", app_id, *extra], stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
-                            env={**os.environ, "FABRICWATCH_WORKER_READY_FILE": str(ready)})
+    with open(tmp_path / f"{app_id}.log", "ab") as log:        # the child keeps its own copy
+        proc = subprocess.Popen([sys.executable, "-m", "fabricwatch.cli", "worker", "--broker", bootstrap,
+                                 "--app-id", app_id, *extra], stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                                env={**os.environ, "FABRICWATCH_WORKER_READY_FILE": str(ready)})
     deadline = time.monotonic() + 120
     while not ready.exists():
         assert proc.poll() is None, (tmp_path / f"{app_id}.log").read_text()[-3000:]

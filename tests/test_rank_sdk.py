@@ -279,7 +279,9 @@ def test_real_clock_split():
             with r.collectives():
                 time.sleep(0.03)
         s = r.last_step
-        assert 0.045 <= s.busy_seconds <= 0.2 and 0.025 <= s.collective_wait_seconds <= 0.2
+        # the real clock end to end (the split itself is tested on the fake clock above): never
+        # shorter than the sleeps, and a generous bound above for a loaded machine
+        assert 0.045 <= s.busy_seconds <= 2.0 and 0.025 <= s.collective_wait_seconds <= 2.0
         assert s.step_seconds == pytest.approx(s.busy_seconds + s.collective_wait_seconds)
         assert abs(s.start_unix_ns - time.time_ns()) < 5 * 10**9
     finally:
@@ -632,7 +634,8 @@ def test_inspector_counts_a_number_past_the_digit_limit_as_malformed(tmp_path):
 
 def test_inspector_v43_verbose_gives_the_busy_wait_split(tmp_path):
     out = inspector_dump(tmp_path, pretty_rank=3)
-    (out / "node-1-pid1003.log").open("a").write("{not json\n")
+    with (out / "node-1-pid1003.log").open("a") as fh:
+        fh.write("{not json\n")
     steps = ingest_nccl_inspector(out, collectives_per_step=2)
     assert steps.comm_id == "0xdp"
     assert steps.stats["steps_anchor_only"] == 4 and steps.stats["malformed_lines"] == 1

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from fabricwatch.models.node_health import HealthBook
 from fabricwatch.models.nominal import NominalRates
 from fabricwatch.models.topology import rail_optimised
@@ -115,6 +117,7 @@ async def run(world: World, records, start: int = 0, end: int | None = None) -> 
     return out
 
 
+@pytest.mark.slow
 async def test_a_worker_taking_over_mid_storm_resolves_it_under_the_same_ids_and_never_reopens():
     topo, records = storm_partition()
     oracle_world = World(topo, ListHistory(records), 30)
@@ -142,6 +145,7 @@ async def test_a_worker_taking_over_mid_storm_resolves_it_under_the_same_ids_and
     assert third.onsets() > 0
 
 
+@pytest.mark.slow
 async def test_lookback_bounds_the_rebuild_and_a_failing_history_still_lets_detection_go_on():
     topo, records = storm_partition()
     taken_at = len(records) // 2

@@ -3,12 +3,15 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def cli(*args, **kw):
     return subprocess.run([sys.executable, "-m", "fabricwatch.cli", *args], capture_output=True, text=True,
                           timeout=300, **kw)
 
 
+@pytest.mark.slow
 def test_record_then_replay_twice_gives_identical_anomalies(tmp_path):
     rec, out1, out2 = tmp_path / "telemetry.jsonl", tmp_path / "a1.jsonl", tmp_path / "a2.jsonl"
     r = cli("simulate", "--nodes", "16", "--duration", "35", "--as-fast-as-possible", "--record", str(rec),
@@ -27,6 +30,7 @@ def test_record_then_replay_twice_gives_identical_anomalies(tmp_path):
     assert storm["entity"]["device"].startswith("mlx5_") and storm["related"], storm   # a source with victims
 
 
+@pytest.mark.slow
 def test_malformed_lines_are_counted_and_valid_ones_kept(tmp_path):
     rec = tmp_path / "telemetry.jsonl"
     r = cli("simulate", "--nodes", "4", "--duration", "12", "--as-fast-as-possible", "--record", str(rec),

@@ -151,7 +151,7 @@ async def test_a_storm_is_drained_at_once_behind_60_rate_limited_downgrade_alert
             assert executor.calls, "the storm was never drained"
             delay_s = executor.calls[0][0] - produced
             backlog = service.alerts.backlog()["slack"]
-            assert delay_s < 5.0 and backlog > 30, (delay_s, backlog)      # drained while alerts still queue
+            assert delay_s < 10.0 and backlog > 30, (delay_s, backlog)     # drained while alerts still queue
             while slack.posts < 61 and time.monotonic() < deadline + 60:  # and every alert still goes out
                 await asyncio.sleep(0.2)
             assert slack.posts == 61

@@ -228,6 +228,7 @@ def test_peer_counters_agree_nic_to_leaf_and_leaf_to_spine(healthy):
     assert tx == pytest.approx(rx, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_healthy_incast_pauses_are_intermittent_while_traffic_flows():
     topo = rail_optimised("t", n_nodes=16, nodes_per_unit=8, n_spines=2)
     rec = Recorder(ClusterSimulator(topo, seed=11, start_unix_ns=START), 60)

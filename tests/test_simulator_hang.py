@@ -217,6 +217,7 @@ def test_hang_scenarios_cover_every_root_and_negative_with_enough_cases():
     assert negatives == set(HANG_NEGATIVES)
 
 
+@pytest.mark.slow
 def test_the_pipeline_names_the_stuck_rank_and_stays_silent_on_the_paused_job():
     from fabricwatch.evaluation.matching import match
     from fabricwatch.evaluation.runs import FABRICWATCH, run_scenario

@@ -186,6 +186,7 @@ def test_out_of_order_and_late_node_reports():
 # --------------------------------------------------------------------------- must not fire
 
 
+@pytest.mark.slow
 def test_healthy_noisy_cluster_for_minutes_raises_nothing():
     topo = rail_optimised("sim", n_nodes=16, nodes_per_unit=8, n_spines=2)
     # checkpoints and evals every few minutes, so that several fall into the run

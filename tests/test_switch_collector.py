@@ -719,6 +719,7 @@ async def test_arista_profile_pfc_from_the_fake_target_with_skip_verify(fake_ser
     assert collector.stats["unmapped_leaves"] > 0 and collector.stats["other_priorities"] > 0
 
 
+@pytest.mark.slow
 async def test_collector_recovers_when_the_switch_restarts(fake_server_bin, pki, tmp_path):
     snaps, stop = [], asyncio.Event()
     port = free_port()

@@ -11,6 +11,9 @@ Unfurling is off, so no URL is fetched by Slack either.
 """
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
 from typing import Any
 
 from fabricwatch.actions.alerts.base import RESOLVED, Alert, SendResult
@@ -53,13 +56,15 @@ class SlackSink:
     name = "slack"
 
     def __init__(self, webhook_url: str, policy: RetryPolicy | None = None, burst: int = 3,
-                 per_second: float = 1.0):
+                 per_second: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Any] = asyncio.sleep):
         if not webhook_url.startswith(("http://", "https://")):
             raise ValueError(f"SlackSink webhook_url must be http(s), got {webhook_url!r}")
         self.webhook_url = webhook_url
         self.burst = burst
         self.per_second = per_second
-        self._poster = JsonPoster(self.name, policy, RateLimiter(TokenBucket(burst, per_second)))
+        self._poster = JsonPoster(self.name, policy, RateLimiter(TokenBucket(burst, per_second, clock=clock), sleep=sleep),
+                                  clock=clock, sleep=sleep)
 
     async def send(self, alert: Alert) -> SendResult:
         return await self._poster.post(self.webhook_url, slack_message(alert))
