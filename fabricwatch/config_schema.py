@@ -31,7 +31,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, GetCoreSchemaHandler, \
     ValidationError, ValidationInfo, model_validator
-from pydantic_core import core_schema
+from pydantic_core import ErrorDetails, core_schema
 
 from fabricwatch.grpc_tls import check_client_tls
 from fabricwatch.netaddr import is_loopback, split_host_port
@@ -212,7 +212,7 @@ def _path(loc: tuple, data: Any, where: str, name_items: bool = True) -> str:
     return out
 
 
-def _message(error: dict) -> str:
+def _message(error: ErrorDetails) -> str:
     kind, value = error["type"], error.get("input")
     if kind == "missing":
         return f"missing key {error['loc'][-1]!r}"

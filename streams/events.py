@@ -13,7 +13,7 @@ from fabricwatch.protos.v1 import events_pb2 as ev
 # The vocabulary's severities, lifecycles and outcomes <-> their protobuf enums, in one place.
 SEVERITY_PROTO = {INFO: ev.SEVERITY_INFO, WARNING: ev.SEVERITY_WARNING, CRITICAL: ev.SEVERITY_CRITICAL}
 LIFECYCLE_PROTO = {OPEN: ev.LIFECYCLE_OPEN, UPDATE: ev.LIFECYCLE_UPDATE, RESOLVED: ev.LIFECYCLE_RESOLVED}
-SEVERITY_NAME = {v: k for k, v in SEVERITY_PROTO.items()}
+SEVERITY_NAME: dict[int, str] = {v: k for k, v in SEVERITY_PROTO.items()}
 LIFECYCLE_NAME = {v: k for k, v in LIFECYCLE_PROTO.items()}
 # "shadow", "refused_kill_switch": the enum names without their prefix, lower case (`vocabulary.OUTCOMES`).
 OUTCOME_NAME = {v.number: v.name.removeprefix("OUTCOME_").lower() for v in ev.Outcome.DESCRIPTOR.values if v.number}
