@@ -627,7 +627,8 @@ def inspector_dump(tmp_path: Path, *, verbose: bool = True, steps: int = 8, per_
 def test_inspector_counts_a_number_past_the_digit_limit_as_malformed(tmp_path):
     # json raises a plain ValueError (no .pos) for an integer of more than 4300 digits
     out = inspector_dump(tmp_path)
-    (out / "node-1-pid1003.log").open("a").write('{"coll_perf": {"coll_sn": ' + "1" * 5000 + "}}\n")
+    with (out / "node-1-pid1003.log").open("a") as fh:
+        fh.write('{"coll_perf": {"coll_sn": ' + "1" * 5000 + "}}\n")
     steps = ingest_nccl_inspector(out, collectives_per_step=2)
     assert steps.stats["malformed_lines"] == 1 and len(steps) == 4 * 7
 
