@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,6 +12,9 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pynvml
+
+from fabricwatch.collectors.ethtool_stats import RecordedSource
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 
 NIC_COUNTERS = ["port_xmit_data", "port_rcv_data", "tx_prio3_pause", "tx_prio3_pause_duration",
@@ -278,3 +282,41 @@ class Worker(Process):
             assert time.monotonic() < deadline, f"{self.name} did not join its group in {WORKER_READY_TIMEOUT_S} s"
             time.sleep(0.2)
         return self
+
+
+# ---------------------------------------------------------------------- node collector: recorded fixtures
+# tests/fixtures/sysfs/roce_cx7 (ConnectX-7 RoCE, 8 ports), sysfs/ib_ndr (InfiniBand NDR, 2 ports),
+# ethtool/mlx5_cx7.txt (`ethtool -S` of a ConnectX-7 netdev)
+FIXTURES = Path(__file__).parent / "fixtures"
+ROCE = FIXTURES / "sysfs" / "roce_cx7"
+IB = FIXTURES / "sysfs" / "ib_ndr"
+ETHTOOL_TXT = FIXTURES / "ethtool" / "mlx5_cx7.txt"
+ROCE_NETDEVS = ["enp24s0np0", "enp64s0np0", "enp79s0np0", "enp94s0np0", "enp154s0np0", "enp192s0np0",
+                "enp206s0np0", "enp220s0np0"]
+
+
+def rows_by_id(rows):
+    return {r.entity_id: r for r in rows}
+
+
+def copy_tree(src: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / src.name
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+def recorded_ethtool() -> RecordedSource:
+    return RecordedSource({netdev: str(ETHTOOL_TXT) for netdev in ROCE_NETDEVS})
+
+
+def block_rows(block):
+    m, k = len(block.counter_names), len(block.gauge_names)
+    labels = {c.name: list(c.values) for c in block.labels}
+    return {eid: SimpleNamespace(counters=dict(zip(block.counter_names, block.counters[i * m:(i + 1) * m])),
+                                 gauges=dict(zip(block.gauge_names, block.gauges[i * k:(i + 1) * k])),
+                                 labels={n: v[i] for n, v in labels.items()})
+            for i, eid in enumerate(block.entity_ids)}
+
+
+def nvml_error(code):
+    return pynvml.NVMLError(code)
