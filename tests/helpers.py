@@ -6,16 +6,24 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
+import grpc
 import pynvml
 
 from fabricwatch.collectors.ethtool_stats import RecordedSource
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
+from fabricwatch.protos.v1 import telemetry_pb2_grpc as pb_grpc
+from fabricwatch.rank import RankIdentity
+from fabricwatch.streams.validate import validate_snapshot
 
 NIC_COUNTERS = ["port_xmit_data", "port_rcv_data", "tx_prio3_pause", "tx_prio3_pause_duration",
                 "rx_prio3_pause", "rx_prio3_pause_duration"]
@@ -320,3 +328,65 @@ def block_rows(block):
 
 def nvml_error(code):
     return pynvml.NVMLError(code)
+
+
+# ---------------------------------------------------------------------- rank SDK: a gateway stand-in with the real validation
+IDENT = RankIdentity("job-t", 1, 4, "node-a", 1, "manual")
+
+
+def closed_port() -> int:
+    """A loopback port nobody listens on (bound then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FakeGateway(pb_grpc.IngestServicer):
+    """Ingest.Send with the gateway's real validation; keeps what it accepted."""
+
+    def __init__(self, token: str = "") -> None:
+        self.token = token
+        self.down = False
+        self.snapshots: list[pb.Snapshot] = []
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def Send(self, request, context):
+        with self.lock:
+            self.calls += 1
+        if self.token and dict(context.invocation_metadata()).get("authorization") != f"Bearer {self.token}":
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad token")
+        if self.down:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "down for the test")
+        ack = pb.IngestAck(batch_id=request.batch_id)
+        for index, snap in enumerate(request.snapshots):
+            verdict = validate_snapshot(snap, time.time_ns())
+            for reason, detail in verdict.problems:
+                ack.rejections.add(index=index, reason=reason, detail=detail)
+            if verdict.accepted:
+                ack.accepted += 1
+                ack.dropped_parts += len(verdict.problems)
+                with self.lock:
+                    self.snapshots.append(snap)
+            else:
+                ack.rejected += 1
+        return ack
+
+    @property
+    def steps(self) -> list[pb.RankStep]:
+        with self.lock:
+            return [rs for snap in self.snapshots for rs in snap.rank_steps]
+
+
+@contextmanager
+def fake_gateway(token: str = "", credentials=None):
+    service = FakeGateway(token)
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_IngestServicer_to_server(service, server)
+    port = (server.add_secure_port("127.0.0.1:0", credentials) if credentials is not None
+            else server.add_insecure_port("127.0.0.1:0"))
+    server.start()
+    try:
+        yield service, f"127.0.0.1:{port}"
+    finally:
+        server.stop(0)
