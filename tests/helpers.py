@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -20,6 +21,7 @@ import grpc
 import pynvml
 
 from fabricwatch.collectors.ethtool_stats import RecordedSource
+from fabricwatch.collectors.gnmi_decode import gnmi_pb2, xpath_to_path
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.protos.v1 import telemetry_pb2_grpc as pb_grpc
 from fabricwatch.rank import RankIdentity
@@ -390,3 +392,41 @@ def fake_gateway(token: str = "", credentials=None):
         yield service, f"127.0.0.1:{port}"
     finally:
         server.stop(0)
+
+
+# ---------------------------------------------------------------------- gNMI switch collector: notifications built with the stub classes
+NS = 1_800_000_000_000_000_000
+OC = "/interfaces/interface[name={}]"
+
+
+def tv(value) -> gnmi_pb2.TypedValue:
+    if isinstance(value, bool):
+        return gnmi_pb2.TypedValue(bool_val=value)
+    if isinstance(value, int):
+        return gnmi_pb2.TypedValue(uint_val=value)
+    if isinstance(value, float):
+        return gnmi_pb2.TypedValue(double_val=value)
+    if isinstance(value, str):
+        return gnmi_pb2.TypedValue(string_val=value)
+    return gnmi_pb2.TypedValue(json_ietf_val=json.dumps(value).encode())
+
+
+def notif(updates=(), *, target="", deletes=(), ts=1) -> gnmi_pb2.Notification:
+    n = gnmi_pb2.Notification(timestamp=ts)
+    if target:
+        n.prefix.CopyFrom(gnmi_pb2.Path(target=target))
+    for path, value in updates:
+        n.update.add(path=xpath_to_path(path), val=value if isinstance(value, gnmi_pb2.TypedValue) else tv(value))
+    for path in deletes:
+        n.delete.append(xpath_to_path(path))
+    return n
+
+
+def table(snap: pb.Snapshot) -> dict[str, dict[str, float]]:
+    """{port: {column: value}} over every SWITCH_PORT block (counters and gauges)."""
+    out: dict[str, dict[str, float]] = {}
+    for block in snap.blocks:
+        assert block.entity_kind == pb.ENTITY_KIND_SWITCH_PORT
+        for row in entity_rows(block):
+            out[row.id] = {**dict(zip(block.counter_names, row.counters)), **dict(zip(block.gauge_names, row.gauges))}
+    return out
