@@ -430,3 +430,8 @@ def table(snap: pb.Snapshot) -> dict[str, dict[str, float]]:
         for row in entity_rows(block):
             out[row.id] = {**dict(zip(block.counter_names, row.counters)), **dict(zip(block.gauge_names, row.gauges))}
     return out
+
+
+# ---------------------------------------------------------------------- PFC storm tests: ns per ms, sample interval
+MS = 1_000_000
+INTERVAL_S = 0.1
