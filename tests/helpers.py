@@ -22,9 +22,12 @@ import pynvml
 
 from fabricwatch.collectors.ethtool_stats import RecordedSource
 from fabricwatch.collectors.gnmi_decode import gnmi_pb2, xpath_to_path
+from fabricwatch.models.topology import rail_optimised
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.protos.v1 import telemetry_pb2_grpc as pb_grpc
 from fabricwatch.rank import RankIdentity
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.workload import Job
 from fabricwatch.streams.validate import validate_snapshot
 
 NIC_COUNTERS = ["port_xmit_data", "port_rcv_data", "tx_prio3_pause", "tx_prio3_pause_duration",
@@ -435,3 +438,61 @@ def table(snap: pb.Snapshot) -> dict[str, dict[str, float]]:
 # ---------------------------------------------------------------------- PFC storm tests: ns per ms, sample interval
 MS = 1_000_000
 INTERVAL_S = 0.1
+
+
+# ---------------------------------------------------------------------- simulator: a small cluster and an index of what it sent
+START = 1_800_000_000_000_000_000
+
+
+def small_topology(n_nodes: int = 8):
+    return rail_optimised("t", n_nodes=n_nodes, nodes_per_unit=4, n_spines=2)
+
+
+def two_jobs(topo) -> list[Job]:
+    nodes = topo.nodes
+    return [Job("job-a", tuple(nodes[0:3]), step_compute_s=0.6, step_comm_s=0.3),
+            Job("job-b", tuple(nodes[4:7]), step_compute_s=0.8, step_comm_s=0.25)]
+
+
+class Recorder:
+    """Runs a simulator and indexes what it sent: (source, entity) -> per-tick samples."""
+
+    def __init__(self, sim: ClusterSimulator, ticks: int) -> None:
+        self.sim = sim
+        self.ticks: list[dict[str, pb.Snapshot]] = []
+        for _ in range(ticks):
+            self.ticks.append({s.source: s for s in sim.tick()})
+
+    def entity(self, i: int, source: str, eid: str):
+        snap = self.ticks[i].get(source)
+        if snap is None:
+            return None
+        for block in snap.blocks:
+            for e in entity_rows(block):
+                if e.id == eid:
+                    return (dict(zip(block.counter_names, e.counters)), dict(zip(block.gauge_names, e.gauges)),
+                            dict(e.labels))
+        raise KeyError((source, eid))
+
+    def counter(self, source: str, eid: str, name: str) -> list[int | None]:
+        return [None if (e := self.entity(i, source, eid)) is None else e[0][name] for i in range(len(self.ticks))]
+
+    def gauge(self, source: str, eid: str, name: str) -> list[float | None]:
+        return [None if (e := self.entity(i, source, eid)) is None else e[1][name] for i in range(len(self.ticks))]
+
+    def label(self, source: str, eid: str, name: str) -> list[str | None]:
+        return [None if (e := self.entity(i, source, eid)) is None else e[2][name] for i in range(len(self.ticks))]
+
+    def rate(self, source: str, eid: str, name: str) -> list[float | None]:
+        """Per-second deltas (None across a missing sample)."""
+        xs = self.counter(source, eid, name)
+        dt = self.sim.interval_s
+        return [None if a is None or b is None else (b - a) / dt for a, b in zip(xs, xs[1:])]
+
+    def rank_steps(self) -> list[pb.RankStep]:
+        return [r for t in self.ticks for s in t.values() for r in s.rank_steps]
+
+
+def leaf_port(topo, node: str, nic: str) -> tuple[str, str]:
+    n = topo.nic(node, nic)
+    return n.switch, n.switch_port
