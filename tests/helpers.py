@@ -19,15 +19,18 @@ from types import SimpleNamespace
 
 import grpc
 import pynvml
+from aiokafka import AIOKafkaConsumer
 
 from fabricwatch.collectors.ethtool_stats import RecordedSource
 from fabricwatch.collectors.gnmi_decode import gnmi_pb2, xpath_to_path
 from fabricwatch.models.topology import rail_optimised
+from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
 from fabricwatch.protos.v1 import telemetry_pb2_grpc as pb_grpc
 from fabricwatch.rank import RankIdentity
 from fabricwatch.simulator.cluster import ClusterSimulator
 from fabricwatch.simulator.workload import Job
+from fabricwatch.streams import topics
 from fabricwatch.streams.validate import validate_snapshot
 
 NIC_COUNTERS = ["port_xmit_data", "port_rcv_data", "tx_prio3_pause", "tx_prio3_pause_duration",
@@ -496,3 +499,54 @@ class Recorder:
 def leaf_port(topo, node: str, nic: str) -> tuple[str, str]:
     n = topo.nic(node, nic)
     return n.switch, n.switch_port
+
+
+# ---------------------------------------------------------------------- fault injection: a broker of the module's own, the anomalies it publishes
+S = 10**9
+CATCH_UP_TIMEOUT_S = 300
+
+
+class AnomalyReader:
+    """Follows the anomalies topic from the beginning, keeping the events of one cluster."""
+
+    def __init__(self, bootstrap: str, cluster: str) -> None:
+        self.bootstrap, self.cluster = bootstrap, cluster
+        self.events: list[ev.AnomalyEvent] = []
+        self._task: asyncio.Task | None = None
+
+    async def __aenter__(self) -> AnomalyReader:
+        # no group (no heartbeats to miss on a loaded machine): all partitions, from the beginning
+        consumer = AIOKafkaConsumer(topics.ANOMALIES, bootstrap_servers=self.bootstrap, group_id=None,
+                                    auto_offset_reset="earliest", enable_auto_commit=False)
+        await consumer.start()
+        self._task = asyncio.create_task(self._follow(consumer))
+        return self
+
+    async def _follow(self, consumer) -> None:
+        try:
+            while True:
+                for records in (await consumer.getmany(timeout_ms=200)).values():
+                    for r in records:
+                        event = ev.AnomalyEvent.FromString(r.value)
+                        if event.entity.cluster == self.cluster:
+                            self.events.append(event)
+        finally:
+            await consumer.stop()
+
+    async def __aexit__(self, *exc) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    async def wait_for(self, what: str, predicate, timeout_s: float = 90) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not predicate(self.events):
+            assert time.monotonic() < deadline, f"no {what} within {timeout_s} s; saw {summary(self.events)}"
+            await asyncio.sleep(0.2)
+
+    def has(self, dedup_key: str, lifecycle: int):
+        return lambda events: any(e.dedup_key == dedup_key and e.lifecycle == lifecycle for e in events)
+
+
+def summary(events) -> list[tuple[str, str, str]]:
+    return [(e.dedup_key, ev.Lifecycle.Name(e.lifecycle), e.id) for e in events]
