@@ -6,6 +6,7 @@ import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -14,6 +15,9 @@ import pytest
 _EMBEDDED = "12"
 os.environ.setdefault("FABRICWATCH_PARTITIONS", _EMBEDDED)
 from fabricwatch.streams import topics as _topics  # noqa: E402
+
+if TYPE_CHECKING:
+    from fabricwatch.localkafka import LocalKafka
 
 assert _EMBEDDED == str(_topics.EMBEDDED_PARTITIONS), "conftest's partition count drifted from streams.topics"
 
@@ -173,3 +177,19 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     verdict = "FAILED: more than " + str(FD_GROWTH_LIMIT) if grown > FD_GROWTH_LIMIT else "ok"
     terminalreporter.write_line(f"open file descriptors: {_fds_at_start} at start, {_fds_at_start + grown} "
                                 f"at the end ({verdict}), at most {_fds_peak} after a test")
+
+
+# ---------------------------------------------------------------------- a broker per module
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory) -> Iterator[LocalKafka]:
+    """A broker for the requesting module alone (the fault-injection scenarios stop and restart it)."""
+    from fabricwatch.localkafka import LocalKafka
+    from helpers import free_port
+
+    kafka = LocalKafka(port=free_port(), controller_port=free_port(),
+                       state_dir=tmp_path_factory.mktemp("fault-kafka"))
+    kafka.start()
+    try:
+        yield kafka
+    finally:
+        kafka.stop()

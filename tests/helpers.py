@@ -3,15 +3,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
+import grpc
+import pynvml
+from aiokafka import AIOKafkaConsumer
+
+from fabricwatch.collectors.ethtool_stats import RecordedSource
+from fabricwatch.collectors.gnmi_decode import gnmi_pb2, xpath_to_path
+from fabricwatch.models.topology import rail_optimised
+from fabricwatch.protos.v1 import events_pb2 as ev
 from fabricwatch.protos.v1 import telemetry_pb2 as pb
+from fabricwatch.protos.v1 import telemetry_pb2_grpc as pb_grpc
+from fabricwatch.rank import RankIdentity
+from fabricwatch.simulator.cluster import ClusterSimulator
+from fabricwatch.simulator.workload import Job
+from fabricwatch.streams import topics
+from fabricwatch.streams.validate import validate_snapshot
 
 NIC_COUNTERS = ["port_xmit_data", "port_rcv_data", "tx_prio3_pause", "tx_prio3_pause_duration",
                 "rx_prio3_pause", "rx_prio3_pause_duration"]
@@ -278,3 +298,255 @@ class Worker(Process):
             assert time.monotonic() < deadline, f"{self.name} did not join its group in {WORKER_READY_TIMEOUT_S} s"
             time.sleep(0.2)
         return self
+
+
+# ---------------------------------------------------------------------- node collector: recorded fixtures
+# tests/fixtures/sysfs/roce_cx7 (ConnectX-7 RoCE, 8 ports), sysfs/ib_ndr (InfiniBand NDR, 2 ports),
+# ethtool/mlx5_cx7.txt (`ethtool -S` of a ConnectX-7 netdev)
+FIXTURES = Path(__file__).parent / "fixtures"
+ROCE = FIXTURES / "sysfs" / "roce_cx7"
+IB = FIXTURES / "sysfs" / "ib_ndr"
+ETHTOOL_TXT = FIXTURES / "ethtool" / "mlx5_cx7.txt"
+ROCE_NETDEVS = ["enp24s0np0", "enp64s0np0", "enp79s0np0", "enp94s0np0", "enp154s0np0", "enp192s0np0",
+                "enp206s0np0", "enp220s0np0"]
+
+
+def rows_by_id(rows):
+    return {r.entity_id: r for r in rows}
+
+
+def copy_tree(src: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / src.name
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+def recorded_ethtool() -> RecordedSource:
+    return RecordedSource({netdev: str(ETHTOOL_TXT) for netdev in ROCE_NETDEVS})
+
+
+def block_rows(block):
+    m, k = len(block.counter_names), len(block.gauge_names)
+    labels = {c.name: list(c.values) for c in block.labels}
+    return {eid: SimpleNamespace(counters=dict(zip(block.counter_names, block.counters[i * m:(i + 1) * m])),
+                                 gauges=dict(zip(block.gauge_names, block.gauges[i * k:(i + 1) * k])),
+                                 labels={n: v[i] for n, v in labels.items()})
+            for i, eid in enumerate(block.entity_ids)}
+
+
+def nvml_error(code):
+    return pynvml.NVMLError(code)
+
+
+# ---------------------------------------------------------------------- rank SDK: a gateway stand-in with the real validation
+IDENT = RankIdentity("job-t", 1, 4, "node-a", 1, "manual")
+
+
+def closed_port() -> int:
+    """A loopback port nobody listens on (bound then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FakeGateway(pb_grpc.IngestServicer):
+    """Ingest.Send with the gateway's real validation; keeps what it accepted."""
+
+    def __init__(self, token: str = "") -> None:
+        self.token = token
+        self.down = False
+        self.snapshots: list[pb.Snapshot] = []
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def Send(self, request, context):
+        with self.lock:
+            self.calls += 1
+        if self.token and dict(context.invocation_metadata()).get("authorization") != f"Bearer {self.token}":
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad token")
+        if self.down:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "down for the test")
+        ack = pb.IngestAck(batch_id=request.batch_id)
+        for index, snap in enumerate(request.snapshots):
+            verdict = validate_snapshot(snap, time.time_ns())
+            for reason, detail in verdict.problems:
+                ack.rejections.add(index=index, reason=reason, detail=detail)
+            if verdict.accepted:
+                ack.accepted += 1
+                ack.dropped_parts += len(verdict.problems)
+                with self.lock:
+                    self.snapshots.append(snap)
+            else:
+                ack.rejected += 1
+        return ack
+
+    @property
+    def steps(self) -> list[pb.RankStep]:
+        with self.lock:
+            return [rs for snap in self.snapshots for rs in snap.rank_steps]
+
+
+@contextmanager
+def fake_gateway(token: str = "", credentials=None):
+    service = FakeGateway(token)
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_IngestServicer_to_server(service, server)
+    port = (server.add_secure_port("127.0.0.1:0", credentials) if credentials is not None
+            else server.add_insecure_port("127.0.0.1:0"))
+    server.start()
+    try:
+        yield service, f"127.0.0.1:{port}"
+    finally:
+        server.stop(0)
+
+
+# ---------------------------------------------------------------------- gNMI switch collector: notifications built with the stub classes
+NS = 1_800_000_000_000_000_000
+OC = "/interfaces/interface[name={}]"
+
+
+def tv(value) -> gnmi_pb2.TypedValue:
+    if isinstance(value, bool):
+        return gnmi_pb2.TypedValue(bool_val=value)
+    if isinstance(value, int):
+        return gnmi_pb2.TypedValue(uint_val=value)
+    if isinstance(value, float):
+        return gnmi_pb2.TypedValue(double_val=value)
+    if isinstance(value, str):
+        return gnmi_pb2.TypedValue(string_val=value)
+    return gnmi_pb2.TypedValue(json_ietf_val=json.dumps(value).encode())
+
+
+def notif(updates=(), *, target="", deletes=(), ts=1) -> gnmi_pb2.Notification:
+    n = gnmi_pb2.Notification(timestamp=ts)
+    if target:
+        n.prefix.CopyFrom(gnmi_pb2.Path(target=target))
+    for path, value in updates:
+        n.update.add(path=xpath_to_path(path), val=value if isinstance(value, gnmi_pb2.TypedValue) else tv(value))
+    for path in deletes:
+        n.delete.append(xpath_to_path(path))
+    return n
+
+
+def table(snap: pb.Snapshot) -> dict[str, dict[str, float]]:
+    """{port: {column: value}} over every SWITCH_PORT block (counters and gauges)."""
+    out: dict[str, dict[str, float]] = {}
+    for block in snap.blocks:
+        assert block.entity_kind == pb.ENTITY_KIND_SWITCH_PORT
+        for row in entity_rows(block):
+            out[row.id] = {**dict(zip(block.counter_names, row.counters)), **dict(zip(block.gauge_names, row.gauges))}
+    return out
+
+
+# ---------------------------------------------------------------------- PFC storm tests: ns per ms, sample interval
+MS = 1_000_000
+INTERVAL_S = 0.1
+
+
+# ---------------------------------------------------------------------- simulator: a small cluster and an index of what it sent
+START = 1_800_000_000_000_000_000
+
+
+def small_topology(n_nodes: int = 8):
+    return rail_optimised("t", n_nodes=n_nodes, nodes_per_unit=4, n_spines=2)
+
+
+def two_jobs(topo) -> list[Job]:
+    nodes = topo.nodes
+    return [Job("job-a", tuple(nodes[0:3]), step_compute_s=0.6, step_comm_s=0.3),
+            Job("job-b", tuple(nodes[4:7]), step_compute_s=0.8, step_comm_s=0.25)]
+
+
+class Recorder:
+    """Runs a simulator and indexes what it sent: (source, entity) -> per-tick samples."""
+
+    def __init__(self, sim: ClusterSimulator, ticks: int) -> None:
+        self.sim = sim
+        self.ticks: list[dict[str, pb.Snapshot]] = []
+        for _ in range(ticks):
+            self.ticks.append({s.source: s for s in sim.tick()})
+
+    def entity(self, i: int, source: str, eid: str):
+        snap = self.ticks[i].get(source)
+        if snap is None:
+            return None
+        for block in snap.blocks:
+            for e in entity_rows(block):
+                if e.id == eid:
+                    return (dict(zip(block.counter_names, e.counters)), dict(zip(block.gauge_names, e.gauges)),
+                            dict(e.labels))
+        raise KeyError((source, eid))
+
+    def counter(self, source: str, eid: str, name: str) -> list[int | None]:
+        return [None if (e := self.entity(i, source, eid)) is None else e[0][name] for i in range(len(self.ticks))]
+
+    def gauge(self, source: str, eid: str, name: str) -> list[float | None]:
+        return [None if (e := self.entity(i, source, eid)) is None else e[1][name] for i in range(len(self.ticks))]
+
+    def label(self, source: str, eid: str, name: str) -> list[str | None]:
+        return [None if (e := self.entity(i, source, eid)) is None else e[2][name] for i in range(len(self.ticks))]
+
+    def rate(self, source: str, eid: str, name: str) -> list[float | None]:
+        """Per-second deltas (None across a missing sample)."""
+        xs = self.counter(source, eid, name)
+        dt = self.sim.interval_s
+        return [None if a is None or b is None else (b - a) / dt for a, b in zip(xs, xs[1:])]
+
+    def rank_steps(self) -> list[pb.RankStep]:
+        return [r for t in self.ticks for s in t.values() for r in s.rank_steps]
+
+
+def leaf_port(topo, node: str, nic: str) -> tuple[str, str]:
+    n = topo.nic(node, nic)
+    return n.switch, n.switch_port
+
+
+# ---------------------------------------------------------------------- fault injection: a broker of the module's own, the anomalies it publishes
+S = 10**9
+CATCH_UP_TIMEOUT_S = 300
+
+
+class AnomalyReader:
+    """Follows the anomalies topic from the beginning, keeping the events of one cluster."""
+
+    def __init__(self, bootstrap: str, cluster: str) -> None:
+        self.bootstrap, self.cluster = bootstrap, cluster
+        self.events: list[ev.AnomalyEvent] = []
+        self._task: asyncio.Task | None = None
+
+    async def __aenter__(self) -> AnomalyReader:
+        # no group (no heartbeats to miss on a loaded machine): all partitions, from the beginning
+        consumer = AIOKafkaConsumer(topics.ANOMALIES, bootstrap_servers=self.bootstrap, group_id=None,
+                                    auto_offset_reset="earliest", enable_auto_commit=False)
+        await consumer.start()
+        self._task = asyncio.create_task(self._follow(consumer))
+        return self
+
+    async def _follow(self, consumer) -> None:
+        try:
+            while True:
+                for records in (await consumer.getmany(timeout_ms=200)).values():
+                    for r in records:
+                        event = ev.AnomalyEvent.FromString(r.value)
+                        if event.entity.cluster == self.cluster:
+                            self.events.append(event)
+        finally:
+            await consumer.stop()
+
+    async def __aexit__(self, *exc) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    async def wait_for(self, what: str, predicate, timeout_s: float = 90) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not predicate(self.events):
+            assert time.monotonic() < deadline, f"no {what} within {timeout_s} s; saw {summary(self.events)}"
+            await asyncio.sleep(0.2)
+
+    def has(self, dedup_key: str, lifecycle: int):
+        return lambda events: any(e.dedup_key == dedup_key and e.lifecycle == lifecycle for e in events)
+
+
+def summary(events) -> list[tuple[str, str, str]]:
+    return [(e.dedup_key, ev.Lifecycle.Name(e.lifecycle), e.id) for e in events]

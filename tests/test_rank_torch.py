@@ -23,7 +23,7 @@ import uuid
 
 import pytest
 from helpers import running_gateway
-from test_rank_sdk import TESTS, assert_straggler_named, print_busy_ratios, start_worker_in
+from test_rank_mpi import TESTS, assert_straggler_named, print_busy_ratios, start_worker_in
 
 
 TORCH_MISSING = ("needs PyTorch, which CI does not install (several GB of wheels): "

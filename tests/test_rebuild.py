@@ -3,7 +3,7 @@
 The history here is a list of (offset, timestamp, bytes) standing in for a telemetry
 partition; the rebuild itself, the coverage decisions, the partition states and the stage
 handlers are the real ones. The same path on a real broker with real worker processes is
-`tests/test_faults.py` (kill -9, takeover) and `tests/test_scale_out.py`.
+`tests/test_faults_worker.py` (kill -9, takeover) and `tests/test_scale_out.py`.
 """
 from __future__ import annotations
 
