@@ -32,6 +32,18 @@ MPI_MISSING = ("needs Open MPI and mpi4py (apt-get install -y openmpi-bin libope
                "pip install mpi4py)")
 
 
+# 4 ranks on one shared core: waiting ranks yield inside Allreduce (mpi_yield_when_idle).
+MPIRUN_4_RANKS = ["mpirun", "-np", "4", "--oversubscribe", "--bind-to", "none",
+                  "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_vader_single_copy_mechanism", "none"]
+
+
+def mpi_job_env(gateway: str, job_id: str) -> dict[str, str]:
+    """The environment of an MPI job run as root in a test: its gateway, its job id, one thread a rank."""
+    return {**os.environ, "FABRICWATCH_GATEWAY": gateway, "FABRICWATCH_JOB_ID": job_id,
+            "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
 def _mpi_available() -> bool:
     return shutil.which("mpirun") is not None and importlib.util.find_spec("mpi4py") is not None
 
@@ -94,16 +106,13 @@ async def test_mpi_job_with_a_slowed_rank_is_named_a_straggler(kafka_bootstrap, 
     job = None
     try:
         async with running_gateway(kafka_bootstrap, unused_tcp_port) as listen:
-            env = {**os.environ, "FABRICWATCH_GATEWAY": listen, "FABRICWATCH_JOB_ID": job_id,
-                   "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                   "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+            env = mpi_job_env(listen, job_id)
             # The 4 ranks share one core: waiting ranks poll inside Allreduce, and with
             # mpi_yield_when_idle they yield to the computing rank on that core, so every rank's
             # busy time is fair and repeatable; the other core stays with broker, worker, gateway.
             cpus = sorted(os.sched_getaffinity(0))
             pin = ["taskset", "-c", str(cpus[-1])] if len(cpus) > 1 and shutil.which("taskset") else []
-            cmd = [*pin, "mpirun", "-np", "4", "--oversubscribe", "--bind-to", "none",
-                   "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_vader_single_copy_mechanism", "none",
+            cmd = [*pin, *MPIRUN_4_RANKS,
                    "-x", "FABRICWATCH_GATEWAY", "-x", "FABRICWATCH_JOB_ID",
                    sys.executable, str(TESTS / "dp_job.py"), "--steps", str(steps), "--slow-rank", str(slow_rank),
                    "--slow-from", str(slow_from), "--slow-factor", "6", "--micro", "24", "--out", str(out)]
@@ -146,11 +155,8 @@ async def test_mpi_job_with_a_rank_stuck_before_its_allreduce_is_named_a_hang_wi
     job = None
     try:
         async with running_gateway(kafka_bootstrap, unused_tcp_port) as listen:
-            env = {**os.environ, "FABRICWATCH_GATEWAY": listen, "FABRICWATCH_JOB_ID": job_id,
-                   "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                   "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-            cmd = ["mpirun", "-np", "4", "--oversubscribe", "--bind-to", "none",
-                   "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_vader_single_copy_mechanism", "none",
+            env = mpi_job_env(listen, job_id)
+            cmd = [*MPIRUN_4_RANKS,
                    "-x", "FABRICWATCH_GATEWAY", "-x", "FABRICWATCH_JOB_ID",
                    sys.executable, str(TESTS / "dp_job.py"), "--steps", "1000", "--slow-rank", "-1",
                    "--micro", "2", "--hang-rank", str(hang_rank), "--hang-at", str(hang_at)]
