@@ -164,7 +164,8 @@ WORKER_HELD_RANK_STEPS = _metric("worker", Gauge,
     "Rank-step records held until node health covers them (stage 3's event-time join).")
 WORKER_REBUILT_RECORDS = _metric("worker", Counter,
     "fabricwatch_worker_rebuilt_records_total",
-    "Records folded into detection state from a partition's history (takeover, restart), findings suppressed.",
+    "Records folded into detection state from a partition's history (takeover, restart): replayed after a "
+    "checkpoint, outputs suppressed in a lookback window.",
     ["topic"])
 WORKER_COVERED_RECORDS_SKIPPED = _metric("worker", Counter,
     "fabricwatch_worker_covered_records_skipped_total",

@@ -136,6 +136,16 @@ class LowWatermark:
         self.value_ns = max(self.value_ns, self.minimum_ns())
         return self.value_ns
 
+    def holders(self, limit: int = 3) -> list[tuple[str, int]]:
+        """The live streams furthest behind, (stream, through_ns), slowest first: what holds
+        the watermark (for an operator's log, not the hot path).
+
+        >>> wm = LowWatermark.partitions(); wm.expect(["t/0", "t/1"], 0); wm.advance([("t/0", 5)])
+        >>> wm.holders()
+        [('t/1', 0), ('t/0', 5)]
+        """
+        return sorted(((s, self.through_ns[s]) for s in self._live), key=lambda item: (item[1], item[0]))[:limit]
+
     def minimum_ns(self) -> int:
         """The min over the live sources now (newest if none is live), which moves back when a
         stream revives behind it: for a caller that keeps its own watermark (`settle` does not)."""

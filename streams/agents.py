@@ -38,12 +38,19 @@ IDLE_CHECK_S = 1.0
 # How often the end offsets of idle partitions are looked up, for the storm stages and the
 # facts (while one holds a watermark back, its delay is up to this).
 PARTITION_ENDS_S = 0.1
+# A stalled storm watermark is logged at most this often per partition (`StormStage.stalled`).
+STALL_LOG_INTERVAL_S = 10.0
 
 
 def register(app: faust.App, handlers: StageHandlers, states: PartitionStates, reader: FactReader,
              history: KafkaHistory) -> None:
     outputs = {ANOMALIES: app.anomalies_topic, PAUSE_STATES: app.pause_states_topic, FACTS: app.facts_topic}
+    # How a record of a gap is folded in (`streams.rebuild`): its outputs kept when replayed.
+    folds = {topics.TELEMETRY: lambda st, p, raw, replay: handlers.on_telemetry(raw, st, p, None, not replay),
+             topics.PAUSE_STATES: lambda st, p, raw, replay: handlers.on_pause_state(raw, st, None, not replay),
+             topics.RANK_STEPS: lambda st, p, raw, replay: handlers.on_rank_steps(raw, st, p, None, not replay)}
     idleness = Idleness()
+    stall_logged_at: dict[int, float] = {}
 
     async def send_all(records: Iterable[Record]) -> None:
         for r in records:
@@ -55,8 +62,8 @@ def register(app: faust.App, handlers: StageHandlers, states: PartitionStates, r
             async with states.lock:
                 for event in events:
                     m = event.message
-                    stage = await states.admit(m.topic, m.partition, m.offset, m.timestamp,
-                                               lambda st, raw, p=m.partition: handle(raw, st, p, None, True))
+                    stage, replayed = await states.admit(m.topic, m.partition, m.offset, m.timestamp, folds[m.topic])
+                    await send_all(replayed)
                     if stage is None:
                         continue
                     records = handle(event.value, stage, m.partition, int(m.timestamp * 1000), False)
@@ -72,9 +79,8 @@ def register(app: faust.App, handlers: StageHandlers, states: PartitionStates, r
                 for event in events:
                     m = event.message
                     idleness.read(m.partition, m.offset)
-                    stage = await states.admit(m.topic, m.partition, m.offset, m.timestamp,
-                                               lambda st, raw, p=m.partition: handlers.on_telemetry(raw, st, p,
-                                                                                                    None, True))
+                    stage, replayed = await states.admit(m.topic, m.partition, m.offset, m.timestamp, folds[m.topic])
+                    await send_all(replayed)
                     if stage is not None:
                         admitted.append((m, (event.value, stage, m.partition, int(m.timestamp * 1000))))
                 records = handlers.on_telemetry_many([item for _, item in admitted])
@@ -102,8 +108,12 @@ def register(app: faust.App, handlers: StageHandlers, states: PartitionStates, r
             return
         async with states.lock:
             now_ns = time.time_ns()
-            for _, stage in states.of_kind(StormStage):
+            for partition, stage in states.of_kind(StormStage):
                 await send_all(handlers.on_timer(stage, now_ns))
+                if time.monotonic() - stall_logged_at.get(partition, -STALL_LOG_INTERVAL_S) >= STALL_LOG_INTERVAL_S:
+                    if (stall := stage.stalled()) is not None:
+                        stall_logged_at[partition] = time.monotonic()
+                        log.warning("pause-states[%d]: %s", partition, stall)
             for partition, stage in states.of_kind(StragglerStage):
                 if stage.held:                  # a watermark stalled on the wall clock
                     await send_all(handlers.on_release(stage, partition))
@@ -181,10 +191,6 @@ def register(app: faust.App, handlers: StageHandlers, states: PartitionStates, r
         idleness.forget({tp.partition for tp in assigned if tp.topic == topics.TELEMETRY})
         asyncio.ensure_future(resume_partitions([tp for tp in assigned if tp.topic in folds]))
 
-    folds = {topics.TELEMETRY: lambda st, raw, p: handlers.on_telemetry(raw, st, p, None, True),
-             topics.PAUSE_STATES: lambda st, raw, p: handlers.on_pause_state(raw, st, None, True),
-             topics.RANK_STEPS: lambda st, raw, p: handlers.on_rank_steps(raw, st, p, None, True)}
-
     async def resume_partitions(assigned) -> None:
         # A partition that came from another worker resumes at once, not on its next record:
         # there may be none (a drained backlog), and its state holds what is still to come.
@@ -196,7 +202,6 @@ def register(app: faust.App, handlers: StageHandlers, states: PartitionStates, r
                     next_offset = await app.consumer.position(tp)
                     if next_offset is None:
                         continue
-                    await states.resume(tp.topic, tp.partition, next_offset,
-                                        lambda st, raw, tp=tp: folds[tp.topic](st, raw, tp.partition))
+                    await send_all(await states.resume(tp.topic, tp.partition, next_offset, folds[tp.topic]))
             except Exception as exc:        # moved again meanwhile: its next owner resumes it
                 log.info("resuming %s[%d] stopped: %s", tp.topic, tp.partition, exc)

@@ -11,9 +11,9 @@ record into one of three cases:
 * **process**: the next record.
 * **gap**: the first record of a partition after start or a rebalance, when it does not
   follow the covered offset: another worker processed the records in between (takeover),
-  or this one never had the partition. The state is rebuilt first from those records,
-  with their findings suppressed (they were emitted by whoever processed them then): from
-  the covered offset, or, when nothing is covered, from a lookback window.
+  or this one never had the partition. The state is rebuilt first from those records:
+  from the covered offset (replayed, outputs sent again: `streams.rebuild` says why), or,
+  when nothing is covered, from a lookback window (outputs suppressed).
 
 Kept free of Kafka so the decisions are tested alone; `streams.rebuild` does the reading.
 

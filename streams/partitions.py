@@ -7,8 +7,8 @@ whether the state already holds it (skip: Kafka redelivers from the last commit,
 may lag the checkpoint), holds everything before it (process), or misses records before
 it (a gap: the checkpoint is older than the commit, or there is no checkpoint but the
 partition was processed before). A gap is folded in from the partition's history
-(`streams.rebuild`) with everything it would emit suppressed: whoever processed those
-records then sent it. A partition revoked by a rebalance is checkpointed and dropped;
+(`streams.rebuild`): after a checkpoint its outputs are returned to be sent again (their
+first sending may have been lost with a killed worker), a lookback window's are not. A partition revoked by a rebalance is checkpointed and dropped;
 every partition is checkpointed every ``checkpoint_interval_s``.
 
 `lock` is held by the agents while they fold a batch and send what it produced, and by a
@@ -22,6 +22,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 from fabricwatch import metrics
 from fabricwatch.models.topology import Topology
@@ -39,6 +40,16 @@ from .straggler_stage import StragglerStage
 log = logging.getLogger("fabricwatch.worker")
 Stage = SourceStage | StormStage | StragglerStage
 STAGE_NAMES = {topics.TELEMETRY: "sources", topics.PAUSE_STATES: "storms", topics.RANK_STEPS: "stragglers"}
+# fold(stage, partition, value, replay): one record into the partition's stage; its outputs when
+# ``replay`` (`streams.rebuild`)
+StageFold = Callable[[Stage, int, bytes, bool], list]
+
+
+class Admission(NamedTuple):
+    """A record's partition stage (None: the state holds it, skip it) and what a gap replayed
+    before it produced, to send first."""
+    stage: Stage | None
+    replayed: list
 
 
 class PartitionStates:
@@ -114,21 +125,22 @@ class PartitionStates:
         return stage
 
     async def admit(self, topic: str, partition: int, offset: int, timestamp_s: float,
-                    fold: Callable[[Stage, bytes], object]) -> Stage | None:
-        """The stage to process this record with, after filling a gap before it; None: skip it."""
+                    fold: StageFold) -> Admission:
+        """The stage to process this record with, after filling a gap before it."""
         stage = await self.stage(topic, partition)
-        ok = await self.keeper.admit(topic, partition, offset, timestamp_s, lambda raw: fold(stage, raw))
-        return stage if ok else None
+        ok, replayed = await self.keeper.admit(topic, partition, offset, timestamp_s,
+                                               lambda raw, replay: fold(stage, partition, raw, replay))
+        return Admission(stage if ok else None, replayed)
 
-    async def resume(self, topic: str, partition: int, next_offset: int,
-                     fold: Callable[[Stage, bytes], object]) -> Stage:
+    async def resume(self, topic: str, partition: int, next_offset: int, fold: StageFold) -> list:
         """A partition just assigned, before (or without) its next record: its checkpoint
         loaded and any gap before ``next_offset`` refolded now, so that what its state holds
         (rank steps and changes waiting for the watermark, open anomalies) resumes even when
-        no record follows."""
+        no record follows. Returns what the gap replayed, to send."""
         stage = await self.stage(topic, partition)
-        await self.keeper.admit(topic, partition, next_offset, time.time(), lambda raw: fold(stage, raw))
-        return stage
+        _, replayed = await self.keeper.admit(topic, partition, next_offset, time.time(),
+                                              lambda raw, replay: fold(stage, partition, raw, replay))
+        return replayed
 
     def folded(self, topic: str, partition: int, offset: int) -> None:
         self.keeper.folded(topic, partition, offset)

@@ -5,8 +5,15 @@ One `StateKeeper` per worker sits between the agents and the `DetectionPipeline`
 * Before a record is processed, `admit` asks `streams.coverage.Coverage` whether the state
   already holds it (skip), holds everything before it (process), or misses records before
   it (a gap: after a takeover, or on taking a partition back). A gap is filled from the
-  partition's history (`streams.history`) with findings suppressed, because whoever
-  processed those records then emitted them. A worker that takes over a dead one's
+  partition's history (`streams.history`). After a checkpoint (the state holds everything
+  before the gap) its records are *replayed*: processed as they were then, their outputs
+  returned to be sent again. Whoever processed them committed their offsets, but Kafka's
+  commit does not wait for the outputs to be delivered, so a worker killed in between lost
+  them (a storm's restoration, a switch port's pause change); sent twice they carry the
+  same ids, and every reader of the outputs takes a repeat as one (event ids, facts keyed
+  by what they describe, pause changes older than a port's last). With nothing covered,
+  the lookback window is folded in with its outputs suppressed: that is history from
+  before anything this state knows, long delivered. A worker that takes over a dead one's
   partitions thus knows the storms and stragglers it had open, resolves them under the
   same ids, and does not open them again.
 * History is read from the covered offset, or, with nothing covered, from a lookback
@@ -35,6 +42,9 @@ from fabricwatch import metrics
 from .coverage import SKIP, Coverage, Gap
 
 log = logging.getLogger("fabricwatch.worker")
+# fold(value, replay): fold one record in; with ``replay`` its outputs are returned to be sent
+# (a gap after a checkpoint), without, they are suppressed (a lookback window).
+Fold = Callable[[bytes, bool], list]
 
 
 class History(Protocol):
@@ -59,22 +69,25 @@ class StateKeeper:
         self.stats: Counter[str] = Counter()
 
     async def admit(self, topic: str, partition: int, offset: int, timestamp_s: float,
-                    fold: Callable[[bytes], object]) -> bool:
-        """True when the record must be processed now; fills a gap before it first."""
+                    fold: Fold) -> tuple[bool, list]:
+        """(whether the record must be processed now, the outputs of a gap replayed before it)."""
         decision = self.coverage.admit(topic, partition, offset)
         if decision == SKIP:
             self.stats["covered_records_skipped"] += 1
             metrics.WORKER_COVERED_RECORDS_SKIPPED.labels(topic).inc()
-            return False
+            return False, []
+        replayed: list = []
         if isinstance(decision, Gap):
-            await self.rebuild(decision, int(timestamp_s * 1000), fold)
-        return True
+            await self.rebuild(decision, int(timestamp_s * 1000), fold, replayed)
+        return True, replayed
 
     def folded(self, topic: str, partition: int, offset: int) -> None:
         self.coverage.folded(topic, partition, offset)
 
-    async def rebuild(self, gap: Gap, live_timestamp_ms: int, fold: Callable[[bytes], object]) -> int:
-        """Fold the gap's records (at most the lookback window of them); returns how many."""
+    async def rebuild(self, gap: Gap, live_timestamp_ms: int, fold: Fold, replayed: list | None = None) -> int:
+        """Fold the gap's records (at most the lookback window of them); returns how many.
+
+        A gap after a checkpoint is replayed, its outputs appended to ``replayed``."""
         lookback_ms = int(self.lookback_s.get(gap.topic, 0.0) * 1000)
         if lookback_ms <= 0:
             return 0
@@ -87,8 +100,11 @@ class StateKeeper:
                 start = max(start, gap.start_offset)
             if start >= gap.end_offset:
                 return 0
+            sink = replayed if gap.start_offset is not None else None     # after a checkpoint: replayed
             async for offset, value in self.history.read(gap.topic, gap.partition, start, gap.end_offset):
-                fold(value)
+                outputs = fold(value, sink is not None)
+                if sink is not None:
+                    sink += outputs
                 self.coverage.folded(gap.topic, gap.partition, offset)
                 folded += 1
         except Exception as exc:   # history unreadable: detect live on what state there is
@@ -98,9 +114,12 @@ class StateKeeper:
                         folded, exc)
         finally:
             self.rebuilding -= 1
+            if replayed:
+                self.stats["replayed_outputs"] += len(replayed)
             if folded:
                 self.stats["rebuilt_records"] += folded
                 metrics.WORKER_REBUILT_RECORDS.labels(gap.topic).inc(folded)
-                log.warning("rebuilt detection state of %s[%d] from %d records before offset %d in %.2f s",
-                            gap.topic, gap.partition, folded, gap.end_offset, time.perf_counter() - started)
+                log.warning("rebuilt detection state of %s[%d] from %d records before offset %d in %.2f s%s",
+                            gap.topic, gap.partition, folded, gap.end_offset, time.perf_counter() - started,
+                            f" ({len(replayed)} outputs sent again)" if replayed else "")
         return folded

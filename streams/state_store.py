@@ -14,7 +14,7 @@ worker dies half-way through writing the next.
 The worker that is assigned the partition next reads the latest complete generation
 back (`StateStore.load`: the tail of the state partition, `LOAD_LOOKBACK_INTERVALS`
 checkpoint intervals of it, or all of it if that finds none) and folds in what came after
-its offset from the partition's history (`streams.rebuild`), findings suppressed. Moving a
+its offset from the partition's history (`streams.rebuild`), its outputs sent again. Moving a
 partition costs one read of its state and at most one interval of records, not minutes of
 history.
 

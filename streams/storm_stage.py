@@ -55,6 +55,9 @@ _EMPTY = Topology("", [], 8, {}, [], [])
 _PARTITIONS = "partitions"
 # Changes held for the watermark at most; beyond, the oldest are applied early (counted).
 MAX_HELD_CHANGES = 100_000
+# The watermark this far behind the newest partition's progress is reported (`stalled`):
+# live partitions keep within about a second of each other.
+STALL_REPORT_NS = 10_000_000_000
 
 
 class StormStage:
@@ -215,6 +218,25 @@ class StormStage:
     def watermark_ns(self) -> int | None:
         """The low watermark over the telemetry partitions (None before any progress)."""
         return None if self._partitions is None else self._released_ns
+
+    def stalled(self) -> str | None:
+        """What holds the watermark, when it trails the newest progress by `STALL_REPORT_NS`
+        (None otherwise): the slowest live partitions and the idle ones not confirmed yet."""
+        wm = self._partitions
+        if wm is None:
+            return None
+        # before it first moved: stalled once the partitions heard from spread that far
+        since_ns = self._released_ns or min((t for t in wm.through_ns.values() if t), default=wm.newest_ns)
+        if wm.newest_ns - since_ns < STALL_REPORT_NS:
+            return None
+
+        def behind(through_ns: int) -> str:
+            return f"{(wm.newest_ns - through_ns) / 1e9:.1f} s behind" if through_ns else "none yet"
+
+        slowest = ", ".join(f"{stream} {behind(through)}" for stream, through in wm.holders())
+        claims = ", ".join(f"{stream} at offset {end}" for stream, end in sorted(self._claims.ends.items()))
+        return (f"storm watermark: {behind(self._released_ns)}; slowest live partitions: {slowest or 'none'}; "
+                f"idle claims: {claims or 'none'} (confirmed: {behind(self._claims.confirmed_ns)})")
 
     def poll(self, now_ns: int) -> list[Finding]:
         """Let grace periods expire when no record arrives (a timer calls it).

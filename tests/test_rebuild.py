@@ -86,22 +86,29 @@ class World:
     def onsets(self) -> int:
         return sum(b'"active":true' in r for r in self.pause_records)
 
-    def fold(self, stage, raw):
-        return self.handlers.on_telemetry(raw, stage, 0, None, True)
+    def fold(self, stage, partition, raw, replay):
+        return self.handlers.on_telemetry(raw, stage, partition, None, not replay)
 
     async def feed(self, offset: int, ts_ms: int, raw: bytes) -> list[bytes] | None:
-        """One live record: the anomaly values it (and the storm stage after it) produced; None: skipped."""
-        stage = await self.states.admit(TOPIC, 0, offset, ts_ms / 1000, self.fold)
+        """One live record: the anomaly values it and a gap replayed before it (and the storm
+        stage after them) produced; None: skipped."""
+        stage, replayed = await self.states.admit(TOPIC, 0, offset, ts_ms / 1000, self.fold)
+        self.replayed = self.route(replayed, ts_ms)
         if stage is None:
             return None
+        out = self.replayed + self.route(self.handlers.on_telemetry(raw, stage, 0, ts_ms), ts_ms)
+        self.states.folded(TOPIC, 0, offset)
+        return out
+
+    def route(self, records, ts_ms: int) -> list[bytes]:
+        """Stage 1's outputs on: anomaly values, and what the storm stage makes of its pause records."""
         out = []
-        for r in self.handlers.on_telemetry(raw, stage, 0, ts_ms):
+        for r in records:
             if r.topic == ANOMALIES:
                 out.append(r.value)
             elif r.topic == PAUSE_STATES:
                 self.pause_records.append(r.value)
                 out += [a.value for a in self.handlers.on_pause_state(r.value, self.storms, ts_ms)]
-        self.states.folded(TOPIC, 0, offset)
         return out
 
 
@@ -162,18 +169,30 @@ async def test_lookback_bounds_the_rebuild_and_a_failing_history_still_lets_dete
     assert keeper.rebuilding == 0 and keeper.coverage.offsets[(TOPIC, 0)] == len(records) - 1
 
 
-async def test_restart_from_a_checkpoint_behind_the_commit_fills_the_gap_and_skips_what_it_holds():
-    """Checkpoint at offset 100, Kafka committed 140: 101..139 are folded in (suppressed), a
-    redelivery of 90 is skipped, and live processing goes on at 140."""
+async def test_restart_from_a_checkpoint_behind_the_commit_replays_the_gap_and_skips_what_it_holds():
+    """A checkpoint a few records before the storm's first event, Kafka committed past its
+    last: the records in between are folded in again and what they produced is sent again
+    (the commit does not wait for the outputs: the worker that committed them may have died
+    before they were delivered), under the ids of their first sending; a redelivery from
+    before the checkpoint is skipped, and live processing goes on."""
     topo, records = storm_partition()
+    uninterrupted = World(topo, ListHistory(records), 600)
+    by_offset = [lifecycles(await uninterrupted.feed(offset, *records[offset])) for offset in range(len(records))]
+    with_events = [offset for offset, events in enumerate(by_offset) if events]
+    checkpoint, live = with_events[0] - 3, with_events[-1] + 2
+    in_gap = [e for events in by_offset[checkpoint + 1:live] for e in events]
+    assert {lc for _, lc, _ in in_gap} >= {ev.LIFECYCLE_OPEN, ev.LIFECYCLE_RESOLVED}
+
     history = ListHistory(records)
     world = World(topo, history, 600)
-    await run(world, records, 0, 101)
+    await run(world, records, 0, checkpoint + 1)
     history.reads.clear()
     world.states.coverage.on_assignment()                # as after a restart from that checkpoint
-    assert await world.feed(140, *records[140]) is not None
-    assert history.reads == [(101, 140)] and world.states.keeper.stats["rebuilt_records"] == 39
-    assert await world.feed(90, *records[90]) is None
+    assert await world.feed(live, *records[live]) is not None
+    assert history.reads == [(checkpoint + 1, live)]
+    assert world.states.keeper.stats["rebuilt_records"] == live - checkpoint - 1
+    assert lifecycles(world.replayed) == in_gap          # sent again, same ids
+    assert await world.feed(checkpoint - 10, *records[checkpoint - 10]) is None
     assert world.states.keeper.stats["covered_records_skipped"] == 1
 
 
@@ -186,7 +205,8 @@ async def test_a_rebuild_moves_the_state_but_sends_counts_and_logs_nothing(caplo
                          if s.name.endswith("_total"))
     with caplog.at_level("INFO", logger="fabricwatch.pipeline"):
         world = World(topo, ListHistory(records), 30)
-        stage = await world.states.admit(TOPIC, 0, taken_at, records[taken_at][0] / 1000, world.fold)
+        stage, replayed = await world.states.admit(TOPIC, 0, taken_at, records[taken_at][0] / 1000, world.fold)
+    assert replayed == []                                 # a lookback window: history long delivered
     assert stage.watchdog.active()                        # the storm's ports are held in the rebuilt state
     assert not [r for r in caplog.records if r.getMessage().startswith("anomaly ")]
     emitted_after = sum(s.value for m in metrics.WORKER_ANOMALIES_EMITTED.collect() for s in m.samples

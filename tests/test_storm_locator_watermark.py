@@ -430,6 +430,21 @@ def test_an_idle_claim_is_passed_only_as_far_as_a_look_up_found_the_partition_st
     assert stage.stats["idle_partitions_written_since"] == 1
 
 
+def test_a_stalled_watermark_is_reported_with_the_partitions_that_hold_it():
+    """An operator's view of a stall: the watermark 10 s behind the newest progress names the
+    slowest live partitions and the idle claims not confirmed yet; a current one says nothing."""
+    stage = StormStage(DetectionPipeline().config, TOPO, DetectionPipeline().facts)
+    streams = ("t/0", "t/1", "t/2")
+    stage.locate(SourceProgress("", {"t/0": T0 + 1_000 * MS, "t/1": T0 + 1_000 * MS}, streams))
+    stage.locate(SourceProgress("", {"t/2": T0 + 1_000 * MS}, streams))
+    assert stage.stalled() is None                          # all current
+    stage.locate(SourceProgress("", {"t/2": T0}, streams, idle=True, end_offset=7))
+    stage.locate(SourceProgress("", {"t/0": T0 + 13_000 * MS}, streams))
+    report = stage.stalled()
+    assert report is not None and report.startswith("storm watermark: 12.0 s behind")
+    assert "t/1 12.0 s behind, t/0 0.0 s behind" in report and "idle claims: t/2 at offset 7" in report
+
+
 def test_a_partition_whose_reader_died_after_its_idle_claim_gives_the_same_storm():
     """The storm source's partition goes idle before the storm, its reader dies, and the rest of
     it is written while the others are read whole; the worker looks the ends up every few
