@@ -105,6 +105,11 @@ class RankStep:
     collective_wait_seconds: float
 
 
+def step_end_ns(step: RankStep) -> int:
+    """When a rank's step ended (its start plus its duration), in ns."""
+    return step.start_ns + int(step.step_seconds * 1e9)
+
+
 @dataclass(frozen=True)
 class RankProgress:
     """One rank's collective-progress heartbeat (`RankProgress` of telemetry.proto)."""

@@ -33,7 +33,7 @@ from collections import Counter
 from operator import attrgetter
 
 from fabricwatch.models.findings import Finding
-from fabricwatch.models.frames import RankProgress, RankStep
+from fabricwatch.models.frames import RankProgress, RankStep, step_end_ns
 from fabricwatch.models.hang import HangDetector
 from fabricwatch.models.node_health import LOOKAHEAD_S
 from fabricwatch.models.straggler import StragglerDetector
@@ -63,10 +63,7 @@ _LOOKAHEAD_NS = int(LOOKAHEAD_S * 1e9)
 
 
 _NODE, _WORLD, _RANK, _START = (attrgetter(a) for a in ("node", "world_size", "rank", "start_ns"))
-
-
-def _end_ns(step: RankStep) -> int:
-    return step.start_ns + int(step.step_seconds * 1e9)
+_STEP_AND_JOB = attrgetter("step", "job_id")
 
 
 class StragglerStage:
@@ -78,6 +75,10 @@ class StragglerStage:
         self.hangs = HangDetector(health=facts.health)
         self.accounting = Accounting("rank_steps", config.max_sample_age_s)
         self._held: list[tuple[int, int, str, str, list[RankStep], int]] = []   # heap
+        # Consecutive records of one job's same step, gathered before they go on the heap: a
+        # 100,000-rank job sends 12,500 records a step, released and judged as one.
+        # [end, cluster, job, step, steps, received_ns], or None.
+        self._forming: list | None = None
         self._seq = 0
         # (facts watermark, wall clock when it was first seen)
         self._watermark_seen: tuple[int, float] | None = None
@@ -102,6 +103,7 @@ class StragglerStage:
         return state
 
     def __setstate__(self, state: dict) -> None:
+        state.setdefault("_forming", None)
         self.__dict__.update(state)
         if "hangs" not in state:               # a state saved before hang detection existed
             self.hangs = HangDetector(health=self.detector.health)
@@ -111,22 +113,22 @@ class StragglerStage:
 
     @property
     def held(self) -> int:
-        return len(self._held)
+        """Groups of reports held (a record, or a run of records of one job's step)."""
+        return len(self._held) + (self._forming is not None)
 
     def add(self, steps: list[RankStep], cluster: str, received_ns: int = 0) -> tuple[list[Finding], list[JobPlacement]]:
         """Hold one record of rank steps (one job's); release what the watermark allows."""
         if steps:
             latest_ns = self.wall_clock_ns() + int(MAX_AHEAD_OF_CLOCK_S * 1e9)
-            end = max(map(_end_ns, steps))
+            end = max(map(step_end_ns, steps))
             if end > latest_ns:
-                plausible = [s for s in steps if _end_ns(s) <= latest_ns]
+                plausible = [s for s in steps if step_end_ns(s) <= latest_ns]
                 self.stats["implausible_rank_steps"] += len(steps) - len(plausible)
                 steps = plausible
-                end = max(map(_end_ns, steps), default=0)
+                end = max(map(step_end_ns, steps), default=0)
         if steps:
             self.hangs.add_steps(steps)
-            self._seq += 1
-            heapq.heappush(self._held, (end, self._seq, cluster, steps[0].job_id, steps, received_ns))
+            self._hold(steps, end, cluster, received_ns)
             self.stats["held_records"] += 1
         if self.accounting.rebuilding:
             # Refolding history after a move: what the previous owner had released depends on
@@ -150,6 +152,29 @@ class StragglerStage:
             found = assess(found, self.facts, None, self._job_gpus)     # a hang stalls its whole job
         return self.accounting.settle(found, progress[0].job_id, received_ns, started)
 
+    def _hold(self, steps: list[RankStep], end: int, cluster: str, received_ns: int) -> None:
+        """A record joins the run of its job's step, or starts a run (the one before goes on the heap)."""
+        first, forming = steps[0], self._forming
+        one_step = len(set(map(_STEP_AND_JOB, steps))) == 1
+        if forming is not None and one_step and forming[3] == first.step and forming[2] == first.job_id \
+                and forming[1] == cluster:
+            forming[4].extend(steps)
+            forming[0] = max(forming[0], end)
+            return
+        self._push_forming()
+        if one_step:
+            self._forming = [end, cluster, first.job_id, first.step, list(steps), received_ns]
+        else:
+            self._seq += 1
+            heapq.heappush(self._held, (end, self._seq, cluster, first.job_id, steps, received_ns))
+
+    def _push_forming(self) -> None:
+        forming, self._forming = self._forming, None
+        if forming is not None:
+            end, cluster, job, _, steps, received_ns = forming
+            self._seq += 1
+            heapq.heappush(self._held, (end, self._seq, cluster, job, steps, received_ns))
+
     def release(self, everything: bool = False) -> tuple[list[Finding], list[JobPlacement]]:
         """Feed the detector every held report the watermark has passed (or ``everything``), oldest first."""
         findings: list[Finding] = []
@@ -157,8 +182,10 @@ class StragglerStage:
         wm, now_s = self.facts.watermark_ns, self.clock()
         if self._watermark_seen is None or wm != self._watermark_seen[0]:
             self._watermark_seen = (wm, now_s)
-        stalled = bool(self._held) and now_s - self._watermark_seen[1] > STALLED_S
+        stalled = bool(self.held) and now_s - self._watermark_seen[1] > STALLED_S
         free = everything or (self.facts_ready and (not self.facts.heard_progress or stalled))
+        if self._forming is not None and (free or self._forming[0] + _LOOKAHEAD_NS <= wm):
+            self._push_forming()            # its run is over or releasable: released in end order
         if free and stalled and not everything and self._held:
             self.stats["released_health_stalled"] += len(self._held)
         touched: set[tuple[str, str]] = set()
