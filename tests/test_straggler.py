@@ -480,6 +480,33 @@ def test_a_jobs_placement_goes_out_when_its_nodes_change_at_most_every_few_secon
     assert len(placements) == 1                      # not one per node of a 512-node job
 
 
+
+def test_records_of_one_steps_run_are_held_as_one_group_and_judged_as_record_by_record():
+    """A big job sends one record per node a step: consecutive records of the same step are
+    held as one group (cheap to release), and what comes out equals the detector fed record
+    by record, also where two jobs' records interleave and break the runs."""
+    def records():
+        for job, world in (("a", 64), ("b", 16)):
+            by_node = defaultdict(list)
+            for rs in _steps(job=job, world=world, n_steps=12, slow={13} if job == "a" else None, t0_s=1000.0):
+                by_node[(rs.step, rs.node)].append(rs)          # one record per node (4 ranks) a step
+            yield from ((job, steps) for steps in by_node.values())
+
+    ordered = sorted(records(), key=lambda r: (r[1][0].step, r[0] == "b"))   # a's run, then b's, per step
+    stage, book = _stage_and_book()
+    _progress(book, 900.0)                           # every report held
+    for _, steps in ordered:
+        stage.add(steps, "c")
+    assert stage.held == 2 * 12                      # one group per job and step, not 12 * (16 + 4) records
+    _progress(book, 2000.0)
+    found, _ = stage.release()
+    direct = StragglerDetector()
+    expected = [f for _, steps in ordered for f in direct.add_steps(steps, cluster="c")]
+    assert [(f.dedup_key, f.state, f.detected_ns) for f in found] == \
+        [(f.dedup_key, f.state, f.detected_ns) for f in expected]
+    assert any(f.state == OPEN and f.entity.rank == "13" for f in found)
+
+
 # --------------------------------------------------------------------------- the rank's whole path
 
 
