@@ -210,5 +210,6 @@ def test_validation_time_grows_linearly_with_repeated_and_bad_rows():
         assert v.accepted and v.reasons()["bad_entity_id"] == n // 2
         return time.perf_counter() - started
 
-    small, large = timed(512), timed(4096)
+    # the fastest of 5 each: one pause of a loaded machine (GC, another process) is not the growth
+    small, large = min(timed(512) for _ in range(5)), min(timed(4096) for _ in range(5))
     assert large < 8 * small * 3 + 0.05, (small, large)      # 8x the input: well under 64x the time
