@@ -19,6 +19,7 @@ models never see protobuf, Kafka or Faust, so tests and replay drive them with a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 
@@ -108,6 +109,15 @@ class RankStep:
 def step_end_ns(step: RankStep) -> int:
     """When a rank's step ended (its start plus its duration), in ns."""
     return step.start_ns + int(step.step_seconds * 1e9)
+
+
+_STEP_AND_JOB = attrgetter("step", "job_id")
+
+
+def one_job_step(steps: list[RankStep]) -> bool:
+    """Whether these reports (at least one) are all of one job's one step: a C-level pass, as a
+    100,000-rank job sends 12,500 records a step."""
+    return len(set(map(_STEP_AND_JOB, steps))) == 1
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ import numpy as np
 
 from .detector import RankStepDetector
 from .findings import CRITICAL, INFO, OPEN, RESOLVED, UPDATE, WARNING, EntityRef, Evidence, Finding
-from .frames import RankStep, SourceView, step_end_ns
+from .frames import RankStep, SourceView, one_job_step, step_end_ns
 from .node_health import (CAUSE_ACTION, GPU_CAUSES, NETWORK_CAUSES, NIC_DOWN, NIC_DOWNGRADE, NIC_PCIE, NONE,
                           PARTIAL_PAUSE, STORM_VICTIM, NodeHealthBook, describe_cause, rail_nic)
 from .vocabulary import STRAGGLER
@@ -110,7 +110,7 @@ COMPUTE_FALLBACK_CAUSES = (NIC_DOWN, NIC_DOWNGRADE, NIC_PCIE)
 SHARED_PAUSE_NODE_FRACTION = 0.25
 
 
-_RANK, _WORLD, _STEP_AND_JOB = attrgetter("rank"), attrgetter("world_size"), attrgetter("step", "job_id")
+_RANK, _WORLD = attrgetter("rank"), attrgetter("world_size")
 
 
 @dataclass
@@ -253,8 +253,7 @@ class StragglerDetector(RankStepDetector):
         """`add_step` for many reports (a node's, one record): grouped by job and step, the
         per-report work is a dictionary insert (a 100,000-rank job reports 100,000 a step)."""
         first = steps[0] if steps else None
-        # C-level passes (map, attrgetter): a 100,000-rank job sends 12,500 such records a step
-        if first is not None and len(set(map(_STEP_AND_JOB, steps))) == 1:
+        if first is not None and one_job_step(steps):
             return self._add_group(first.job_id, first.step, steps, cluster)   # the usual record
         groups: dict[tuple[str, int], list[RankStep]] = {}
         for step in steps:

@@ -5,7 +5,8 @@ record is counted and skipped here, never raised into the stream loop. Each call
 record's value, the stage instance of its partition and the record's timestamp (the
 gateway's receive time, carried on from stage to stage: what staleness is measured on), and
 returns the records to send, in order. While a stage rebuilds its state from history
-(`rebuilding`), nothing is returned: whoever processed those records then sent it all.
+(`rebuilding`: a lookback window, `streams.rebuild`), nothing is returned: that history
+was delivered long ago. A gap after a checkpoint is replayed instead, as live records.
 """
 from __future__ import annotations
 

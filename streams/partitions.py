@@ -8,8 +8,9 @@ may lag the checkpoint), holds everything before it (process), or misses records
 it (a gap: the checkpoint is older than the commit, or there is no checkpoint but the
 partition was processed before). A gap is folded in from the partition's history
 (`streams.rebuild`): after a checkpoint its outputs are returned to be sent again (their
-first sending may have been lost with a killed worker), a lookback window's are not. A partition revoked by a rebalance is checkpointed and dropped;
-every partition is checkpointed every ``checkpoint_interval_s``.
+first sending may have been lost with a killed worker), a lookback window's are not. A
+partition revoked by a rebalance is checkpointed and dropped; every partition is
+checkpointed every ``checkpoint_interval_s``.
 
 `lock` is held by the agents while they fold a batch and send what it produced, and by a
 checkpoint while it pickles: a checkpoint never claims a record whose outputs are still

@@ -84,7 +84,7 @@ class StateKeeper:
     def folded(self, topic: str, partition: int, offset: int) -> None:
         self.coverage.folded(topic, partition, offset)
 
-    async def rebuild(self, gap: Gap, live_timestamp_ms: int, fold: Fold, replayed: list | None = None) -> int:
+    async def rebuild(self, gap: Gap, live_timestamp_ms: int, fold: Fold, replayed: list) -> int:
         """Fold the gap's records (at most the lookback window of them); returns how many.
 
         A gap after a checkpoint is replayed, its outputs appended to ``replayed``."""
@@ -100,11 +100,9 @@ class StateKeeper:
                 start = max(start, gap.start_offset)
             if start >= gap.end_offset:
                 return 0
-            sink = replayed if gap.start_offset is not None else None     # after a checkpoint: replayed
+            replay = gap.start_offset is not None          # after a checkpoint
             async for offset, value in self.history.read(gap.topic, gap.partition, start, gap.end_offset):
-                outputs = fold(value, sink is not None)
-                if sink is not None:
-                    sink += outputs
+                replayed += fold(value, replay)           # a lookback window's fold returns nothing
                 self.coverage.folded(gap.topic, gap.partition, offset)
                 folded += 1
         except Exception as exc:   # history unreadable: detect live on what state there is

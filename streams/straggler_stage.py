@@ -30,10 +30,11 @@ from __future__ import annotations
 import heapq
 import time
 from collections import Counter
+from dataclasses import dataclass
 from operator import attrgetter
 
 from fabricwatch.models.findings import Finding
-from fabricwatch.models.frames import RankProgress, RankStep, step_end_ns
+from fabricwatch.models.frames import RankProgress, RankStep, one_job_step, step_end_ns
 from fabricwatch.models.hang import HangDetector
 from fabricwatch.models.node_health import LOOKAHEAD_S
 from fabricwatch.models.straggler import StragglerDetector
@@ -63,7 +64,17 @@ _LOOKAHEAD_NS = int(LOOKAHEAD_S * 1e9)
 
 
 _NODE, _WORLD, _RANK, _START = (attrgetter(a) for a in ("node", "world_size", "rank", "start_ns"))
-_STEP_AND_JOB = attrgetter("step", "job_id")
+
+
+@dataclass(slots=True)
+class _Run:
+    """Consecutive records of one job's step, gathered before they go on the heap as one entry."""
+    end_ns: int
+    cluster: str
+    job: str
+    step: int
+    steps: list[RankStep]
+    received_ns: int
 
 
 class StragglerStage:
@@ -75,10 +86,9 @@ class StragglerStage:
         self.hangs = HangDetector(health=facts.health)
         self.accounting = Accounting("rank_steps", config.max_sample_age_s)
         self._held: list[tuple[int, int, str, str, list[RankStep], int]] = []   # heap
-        # Consecutive records of one job's same step, gathered before they go on the heap: a
-        # 100,000-rank job sends 12,500 records a step, released and judged as one.
-        # [end, cluster, job, step, steps, received_ns], or None.
-        self._forming: list | None = None
+        # The run of records being gathered: a 100,000-rank job sends 12,500 records a step,
+        # held, released and judged as one.
+        self._forming: _Run | None = None
         self._seq = 0
         # (facts watermark, wall clock when it was first seen)
         self._watermark_seen: tuple[int, float] | None = None
@@ -154,26 +164,24 @@ class StragglerStage:
 
     def _hold(self, steps: list[RankStep], end: int, cluster: str, received_ns: int) -> None:
         """A record joins the run of its job's step, or starts a run (the one before goes on the heap)."""
-        first, forming = steps[0], self._forming
-        one_step = len(set(map(_STEP_AND_JOB, steps))) == 1
-        if forming is not None and one_step and forming[3] == first.step and forming[2] == first.job_id \
-                and forming[1] == cluster:
-            forming[4].extend(steps)
-            forming[0] = max(forming[0], end)
+        first, run = steps[0], self._forming
+        one_step = one_job_step(steps)
+        if run is not None and one_step and (run.step, run.job, run.cluster) == (first.step, first.job_id, cluster):
+            run.steps.extend(steps)
+            run.end_ns = max(run.end_ns, end)
             return
         self._push_forming()
         if one_step:
-            self._forming = [end, cluster, first.job_id, first.step, list(steps), received_ns]
+            self._forming = _Run(end, cluster, first.job_id, first.step, list(steps), received_ns)
         else:
             self._seq += 1
             heapq.heappush(self._held, (end, self._seq, cluster, first.job_id, steps, received_ns))
 
     def _push_forming(self) -> None:
-        forming, self._forming = self._forming, None
-        if forming is not None:
-            end, cluster, job, _, steps, received_ns = forming
+        run, self._forming = self._forming, None
+        if run is not None:
             self._seq += 1
-            heapq.heappush(self._held, (end, self._seq, cluster, job, steps, received_ns))
+            heapq.heappush(self._held, (run.end_ns, self._seq, run.cluster, run.job, run.steps, run.received_ns))
 
     def release(self, everything: bool = False) -> tuple[list[Finding], list[JobPlacement]]:
         """Feed the detector every held report the watermark has passed (or ``everything``), oldest first."""
@@ -184,7 +192,7 @@ class StragglerStage:
             self._watermark_seen = (wm, now_s)
         stalled = bool(self.held) and now_s - self._watermark_seen[1] > STALLED_S
         free = everything or (self.facts_ready and (not self.facts.heard_progress or stalled))
-        if self._forming is not None and (free or self._forming[0] + _LOOKAHEAD_NS <= wm):
+        if self._forming is not None and (free or self._forming.end_ns + _LOOKAHEAD_NS <= wm):
             self._push_forming()            # its run is over or releasable: released in end order
         if free and stalled and not everything and self._held:
             self.stats["released_health_stalled"] += len(self._held)
